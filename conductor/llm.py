@@ -1,0 +1,160 @@
+"""Every model call goes through here, and through litellm.
+
+``complete`` makes one chat completion for an endpoint of the pool (a worker or the
+conductor), turns litellm's exceptions into ``WorkerError`` with a ``retryable`` flag, reads
+token usage from the response and prices it. Retrying is the caller's job (the Prefect step
+task retries only retryable errors), so litellm's own retries are off.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from conductor._litellm import litellm
+from conductor.errors import WorkerError
+from conductor.pool import _Endpoint
+
+__all__ = ["Completion", "complete", "resolve_api_key", "classify_error", "price"]
+
+_RETRYABLE = (
+    litellm.exceptions.RateLimitError,
+    litellm.exceptions.Timeout,
+    litellm.exceptions.APIConnectionError,
+    litellm.exceptions.InternalServerError,
+    litellm.exceptions.ServiceUnavailableError,
+    litellm.exceptions.BadGatewayError,
+)
+_FATAL = (
+    litellm.exceptions.AuthenticationError,
+    litellm.exceptions.PermissionDeniedError,
+    litellm.exceptions.BadRequestError,
+    litellm.exceptions.NotFoundError,
+    litellm.exceptions.UnprocessableEntityError,
+)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answered call: the text, what it cost, and who answered (after fallbacks)."""
+
+    text: str
+    model: str
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_usd: float | None
+    latency_s: float
+
+
+def resolve_api_key(endpoint: _Endpoint) -> str | None:
+    """The key named by the pool: an environment variable or a Prefect Secret block.
+
+    ``None`` lets litellm read its provider's usual variable (``OPENAI_API_KEY``, ...).
+    """
+    if endpoint.api_key_env:
+        value = os.environ.get(endpoint.api_key_env)
+        if not value:
+            raise WorkerError(
+                f"environment variable {endpoint.api_key_env} (api_key_env of {endpoint.model}) "
+                "is not set",
+                retryable=False,
+            )
+        return value
+    if endpoint.api_key_secret:
+        # Imported here so that conductor/ stays importable without touching Prefect.
+        from prefect.blocks.system import Secret
+
+        try:
+            return str(Secret.load(endpoint.api_key_secret).get())
+        except ValueError as exc:
+            raise WorkerError(
+                f"Prefect Secret block {endpoint.api_key_secret!r} cannot be loaded: {exc}",
+                retryable=False,
+            ) from None
+    return None
+
+
+def classify_error(exc: BaseException, model: str) -> WorkerError:
+    """Map a litellm (or transport) exception to a one-line ``WorkerError``."""
+    if isinstance(exc, WorkerError):
+        return exc
+    kind = type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, _FATAL):
+        retryable = False
+    elif isinstance(exc, _RETRYABLE):
+        retryable = True
+    elif isinstance(status, int):
+        retryable = status == 429 or status >= 500
+    else:
+        retryable = isinstance(exc, (TimeoutError, ConnectionError))
+    message = str(getattr(exc, "message", None) or exc).strip().splitlines()
+    first = message[0] if message else kind
+    if len(first) > 300:
+        first = first[:297] + "..."
+    return WorkerError(f"{model}: {kind}: {first}", retryable=retryable)
+
+
+def price(endpoint: _Endpoint, response: Any, input_tokens: int | None, output_tokens: int | None) -> float | None:
+    """The pool's per-token prices win; else litellm's price map; unknown -> ``None``."""
+    if endpoint.input_cost_per_token is not None or endpoint.output_cost_per_token is not None:
+        if input_tokens is None or output_tokens is None:
+            return None
+        return (endpoint.input_cost_per_token or 0.0) * input_tokens + (
+            endpoint.output_cost_per_token or 0.0
+        ) * output_tokens
+    try:
+        cost = litellm.completion_cost(completion_response=response)
+    except Exception:  # noqa: BLE001 - litellm raises several types for unmapped models
+        return None
+    return float(cost) if cost is not None else None
+
+
+def _ensure_provider(model: str) -> None:
+    """Register our own litellm providers the first time one of their models is called."""
+    if model.startswith("local/"):
+        from conductor.local_model import register
+
+        register()
+
+
+def complete(
+    endpoint: _Endpoint,
+    messages: list[dict[str, str]],
+    **overrides: Any,
+) -> Completion:
+    """Call ``endpoint`` once. Raises ``WorkerError`` (``retryable`` set) on failure."""
+    params: dict[str, Any] = {**endpoint.params, **overrides}
+    api_key = resolve_api_key(endpoint)
+    if api_key is not None:
+        params["api_key"] = api_key
+    if endpoint.api_base:
+        params["api_base"] = endpoint.api_base
+    _ensure_provider(endpoint.model)
+    started = time.perf_counter()
+    try:
+        response = litellm.completion(
+            model=endpoint.model,
+            messages=messages,
+            timeout=endpoint.timeout_s,
+            num_retries=0,
+            **params,
+        )
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a WorkerError
+        raise classify_error(exc, endpoint.model) from None
+    latency = time.perf_counter() - started
+    choice = response.choices[0]
+    text = (getattr(choice.message, "content", None) or "").strip()
+    usage = getattr(response, "usage", None)
+    input_tokens = getattr(usage, "prompt_tokens", None)
+    output_tokens = getattr(usage, "completion_tokens", None)
+    return Completion(
+        text=text,
+        model=endpoint.model,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=price(endpoint, response, input_tokens, output_tokens),
+        latency_s=latency,
+    )

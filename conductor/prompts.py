@@ -1,0 +1,149 @@
+"""The conductor's prompt, in one place, so that inference and GRPO training use the same text.
+
+Follows the Conductor paper (arXiv 2512.04388): workers are shown by ordinal name
+("Model 0..k") with the pool file's descriptions, so the conductor cannot favour famous
+names; the prompt states the three-list output format and carries four worked examples.
+"""
+
+from __future__ import annotations
+
+from conductor.pool import Pool
+from conductor.workflow import Workflow
+
+__all__ = [
+    "FORMAT_RULES",
+    "EXAMPLES",
+    "describe_pool",
+    "conductor_messages",
+    "recursion_messages",
+    "worker_messages",
+]
+
+FORMAT_RULES = """\
+You are the Conductor. You do not answer the question yourself: you write a workflow that
+a team of models will run. First think briefly about how to split the work. Then write
+exactly three Python lists, each on its own line:
+
+model_id = [...]     # for each step, the number of the model that runs it
+subtasks = [...]     # for each step, a clear instruction for that model
+access_list = [...]  # for each step, the earlier steps it may read: a list of step
+                     # numbers, "all" for every earlier step, or [] for none
+
+Rules:
+- Between 1 and {max_steps} steps. The three lists have the same length.
+- Steps are numbered from 0. A step may only read earlier steps.
+- Steps that do not read each other run in parallel.
+- The output of the last step is the final answer, so the last step must state it.
+"""
+
+# Four worked examples (the paper's prompt carries four). Model numbers refer to a pool of
+# three models; they show the shapes: one step, a chain, a fan-out with a join, a check.
+EXAMPLES: tuple[tuple[str, str], ...] = (
+    (
+        "What is the capital of France?",
+        "This is a simple fact; one model can answer it.\n"
+        "model_id = [0]\n"
+        'subtasks = ["Answer the question: what is the capital of France? Reply with the city."]\n'
+        "access_list = [[]]",
+    ),
+    (
+        "A train travels 120 km in 1.5 hours. What is its average speed in km/h?",
+        "One model sets up the computation, a second checks it and states the answer.\n"
+        "model_id = [1, 0]\n"
+        'subtasks = ["Compute 120 / 1.5 step by step.", '
+        '"Check the computation above and state the final speed in km/h."]\n'
+        "access_list = [[], [0]]",
+    ),
+    (
+        "Which is larger: 2^10 or 10^3? Explain briefly.",
+        "Two models compute each power independently; a third compares.\n"
+        "model_id = [1, 1, 0]\n"
+        'subtasks = ["Compute 2^10.", "Compute 10^3.", '
+        '"Compare the two results and say which is larger, with the numbers."]\n'
+        'access_list = [[], [], "all"]',
+    ),
+    (
+        "Write a Python function is_even(n) that returns True for even integers.",
+        "One model writes the code, another reviews it, the first fixes it if needed.\n"
+        "model_id = [2, 0, 2]\n"
+        'subtasks = ["Write the function is_even(n).", '
+        '"Review this function for bugs and edge cases such as negative numbers.", '
+        '"Give the final corrected function only."]\n'
+        "access_list = [[], [0], [0, 1]]",
+    ),
+)
+
+
+def describe_pool(pool: Pool) -> str:
+    """Workers by ordinal name plus their descriptions; model names are never shown."""
+    lines = []
+    for i, w in enumerate(pool.workers):
+        desc = w.description.strip() or ("a planner like you" if w.kind == "conductor" else "a model")
+        lines.append(f"Model {i}: {desc}")
+    return "\n".join(lines)
+
+
+def _system(pool: Pool, max_steps: int | None) -> str:
+    rules = FORMAT_RULES.format(max_steps=max_steps or pool.max_steps)
+    shots = "\n\n".join(f"Question: {q}\n{a}" for q, a in EXAMPLES)
+    return (
+        f"{rules}\nYour models:\n{describe_pool(pool)}\n\n"
+        f"Examples (for a different pool):\n\n{shots}"
+    )
+
+
+def conductor_messages(question: str, pool: Pool, max_steps: int | None = None) -> list[dict[str, str]]:
+    """Chat messages that ask the conductor for a plan for ``question``."""
+    return [
+        {"role": "system", "content": _system(pool, max_steps)},
+        {"role": "user", "content": f"Question: {question}"},
+    ]
+
+
+def recursion_messages(
+    question: str,
+    pool: Pool,
+    parent: Workflow,
+    instruction: str,
+    last_response: str | None,
+    max_steps: int | None = None,
+) -> list[dict[str, str]]:
+    """A nested planning round (paper's recursion): refine, or accept with three empty lists."""
+    lists = parent.to_lists()
+    shown = last_response if last_response is not None else "(no response yet)"
+    return [
+        {"role": "system", "content": _system(pool, max_steps)},
+        {
+            "role": "user",
+            "content": (
+                f"Question: {question}\n\n"
+                f"An earlier workflow was:\nmodel_id = {lists['model_id']!r}\n"
+                f"subtasks = {lists['subtasks']!r}\naccess_list = {lists['access_list']!r}\n\n"
+                f"Its latest response:\n{shown}\n\n"
+                f"Your task: {instruction}\n"
+                "If the response is already correct and complete, accept it by writing\n"
+                "model_id = []\nsubtasks = []\naccess_list = []\n"
+                "Otherwise write a new workflow that improves it."
+            ),
+        },
+    ]
+
+
+def worker_messages(
+    question: str,
+    instruction: str,
+    visible: list[tuple[str, str]],
+    share_question: bool = True,
+) -> list[dict[str, str]]:
+    """What a worker sees (paper §3): the question, each visible step as a (subtask,
+    response) pair of turns, then its own subtask as the last user turn."""
+    messages: list[dict[str, str]] = []
+    if share_question and instruction.strip() != question.strip():
+        messages.append(
+            {"role": "system", "content": f"You are part of a team answering this question:\n{question}"}
+        )
+    for subtask, response in visible:
+        messages.append({"role": "user", "content": subtask})
+        messages.append({"role": "assistant", "content": response})
+    messages.append({"role": "user", "content": instruction})
+    return messages

@@ -1,0 +1,134 @@
+"""Rows of the intermediate-artifact dataset: one ``RunRecord`` per run, one ``StepRecord`` per step.
+
+The Arrow schemas are the contract of the Parquet tables ``runs`` and ``steps``. OrchRM builds
+its pairs from these rows (arXiv 2606.13598), so columns are added, never renamed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "StepStatus",
+    "RunStatus",
+    "StepRecord",
+    "RunRecord",
+    "STEPS_SCHEMA",
+    "RUNS_SCHEMA",
+    "utcnow",
+]
+
+StepStatus = Literal["completed", "failed", "skipped"]
+RunStatus = Literal["completed", "failed"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class StepRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    question_id: str
+    step: int
+    depth: int = 0
+    parent_step: int | None = None
+    worker: str
+    model: str
+    instruction: str
+    access: list[int] = Field(default_factory=list)
+    messages: str = Field(default="[]", description="The chat messages sent, as JSON.")
+    output: str | None = None
+    status: StepStatus
+    error: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    latency_s: float | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    question_id: str
+    question: str
+    reference: str | None = None
+    conductor_model: str
+    conductor_output: str | None = None
+    workflow_json: str | None = None
+    format_valid: bool
+    format_error: str | None = None
+    answer: str | None = None
+    correct: bool | None = None
+    reward: float | None = None
+    status: RunStatus
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    wall_s: float
+    created_at: datetime = Field(default_factory=utcnow)
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        d = self.model_dump()
+        d["tags"] = list(self.tags.items())
+        return d
+
+
+_TS = pa.timestamp("us", tz="UTC")
+
+STEPS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("question_id", pa.string()),
+        ("step", pa.int32()),
+        ("depth", pa.int32()),
+        ("parent_step", pa.int32()),
+        ("worker", pa.string()),
+        ("model", pa.string()),
+        ("instruction", pa.string()),
+        ("access", pa.list_(pa.int32())),
+        ("messages", pa.string()),
+        ("output", pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+        ("latency_s", pa.float64()),
+        ("started_at", _TS),
+        ("finished_at", _TS),
+    ]
+)
+
+RUNS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("reference", pa.string()),
+        ("conductor_model", pa.string()),
+        ("conductor_output", pa.string()),
+        ("workflow_json", pa.string()),
+        ("format_valid", pa.bool_()),
+        ("format_error", pa.string()),
+        ("answer", pa.string()),
+        ("correct", pa.bool_()),
+        ("reward", pa.float64()),
+        ("status", pa.string()),
+        ("input_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+        ("wall_s", pa.float64()),
+        ("created_at", _TS),
+        ("tags", pa.map_(pa.string(), pa.string())),
+    ]
+)

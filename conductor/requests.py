@@ -1,0 +1,54 @@
+"""What goes into an orchestration run and what comes out.
+
+``OrchestrateRequest`` is the parameter model of the ``orchestrate`` flow, so the Prefect UI
+renders it as a form; ``RunResult`` is what the flow returns and ``conductor run --json`` prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["OrchestrateRequest", "RunResult"]
+
+
+class OrchestrateRequest(BaseModel):
+    """One question through one conductor plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, max_length=20_000, description="The question to answer.")
+    pool: str | None = Field(
+        default=None, description="Path to a pool YAML file; empty for the embedded local pool."
+    )
+    on_invalid_plan: Literal["fallback", "error"] = Field(
+        default="fallback",
+        description="fallback: run a one-step plan on the default worker; error: fail the run.",
+    )
+    max_steps: int | None = Field(default=None, ge=1, le=20, description="Overrides the pool's max_steps.")
+    question_id: str | None = Field(default=None, description="Stable id, e.g. from a dataset.")
+    reference: str | None = Field(default=None, description="Reference answer, stored for evaluation.")
+    tags: dict[str, str] = Field(default_factory=dict, description="Stored with the run.")
+    artifacts: str | None = Field(
+        default=None, description="Dataset root (path or URL); default $CONDUCTOR_HOME/artifacts."
+    )
+
+
+class RunResult(BaseModel):
+    """The outcome of one run, as printed by ``conductor run --json``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    status: Literal["completed", "failed"]
+    answer: str | None
+    workflow: list[dict[str, Any]]
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    wall_s: float
+    artifacts: str
+    format_valid: bool
+    format_error: str | None = None
+    reason: str | None = Field(default=None, description="One-line reason when the run failed.")

@@ -1,0 +1,225 @@
+"""``conductor``: the command line. A thin layer over the flows and the core.
+
+Exit codes: 0 success; 1 the run failed (one-line reason on stderr); 2 bad input (pool file,
+plan, arguments). User errors never print a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from conductor.errors import ConductorError, PlanError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Learned LLM orchestration on Prefect: a conductor plans, workers run the steps.",
+)
+artifacts_app = typer.Typer(help="Inspect and maintain the Parquet artifact store.", invoke_without_command=True)
+app.add_typer(artifacts_app, name="artifacts")
+
+PoolOpt = Annotated[
+    Optional[Path],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option("--pool", "-p", help="Pool YAML file (default: the embedded local pool)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load_pool(pool: Path | None):
+    from conductor.pool import load_pool
+
+    return load_pool(pool)
+
+
+def _print_plan(workflow: Any, pool: Any, stream: Any = None) -> None:
+    out = stream or sys.stdout
+    for s in workflow.steps:
+        reads = ", ".join(map(str, s.access)) or "-"
+        print(f"  step {s.index} · {s.worker:<12} reads [{reads}]  {s.instruction}", file=out)
+
+
+@app.command()
+def run(
+    question: Annotated[str, typer.Argument(help="The question to answer.")],
+    pool: PoolOpt = None,
+    as_json: JsonOpt = False,
+    on_invalid_plan: Annotated[
+        str, typer.Option(help="fallback: one step on the default worker; error: fail the run.")
+    ] = "fallback",
+    max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
+) -> None:
+    """Plan QUESTION with the conductor and run the plan as a Prefect flow."""
+    from pydantic import ValidationError
+
+    from conductor.requests import OrchestrateRequest
+
+    _load_pool(pool)  # fail fast on a bad pool, before Prefect starts
+    try:
+        request = OrchestrateRequest(
+            question=question,
+            pool=str(pool) if pool else None,
+            on_invalid_plan=on_invalid_plan,  # type: ignore[arg-type]
+            max_steps=max_steps,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+    from flows.quiet import quiet_prefect_shutdown
+
+    with quiet_prefect_shutdown():
+        from flows.orchestrate import orchestrate
+
+        state = orchestrate(request, return_state=True)
+        result = state.result(raise_on_failure=False)
+    from conductor.requests import RunResult
+
+    if not isinstance(result, RunResult):
+        # The flow itself crashed (bad pool at run time, store unwritable, ...).
+        message = str(result).strip().splitlines()[0] if isinstance(result, BaseException) else state.message
+        _fail(message or "the run crashed", code=1)
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json", exclude={"format_error", "format_valid", "reason"}) | {
+            "format_valid": result.format_valid, "format_error": result.format_error, "reason": result.reason
+        }))
+    else:
+        print(f"answer: {result.answer if result.answer is not None else '(none)'}")
+        print(
+            f"tokens: {result.input_tokens} in / {result.output_tokens} out · "
+            f"cost: {'n/a' if result.cost_usd is None else f'${result.cost_usd:.6f}'} · "
+            f"{result.wall_s:.1f}s · run {result.run_id}",
+            file=sys.stderr,
+        )
+    if result.status != "completed":
+        _fail(result.reason or "the run failed", code=1)
+
+
+@app.command()
+def plan(
+    question: Annotated[str, typer.Argument(help="The question to plan for.")],
+    pool: PoolOpt = None,
+    as_json: JsonOpt = False,
+    max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
+) -> None:
+    """Ask the conductor for a plan and print it, validated, without running it."""
+    from conductor.plan import parse_plan
+    from conductor.policy import LiteLLMPolicy
+
+    p = _load_pool(pool)
+    completion = LiteLLMPolicy(max_steps).write_plan(question, p)
+    try:
+        workflow = parse_plan(completion.text, p, max_steps=max_steps)
+    except PlanError as exc:
+        typer.echo(f"conductor output:\n{completion.text}", err=True)
+        _fail(f"invalid plan: {exc}")
+    if as_json:
+        print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
+    else:
+        _print_plan(workflow, p)
+
+
+@app.command()
+def validate(
+    file: Annotated[str, typer.Argument(help="Raw conductor output; '-' reads stdin.")],
+    pool: PoolOpt = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
+) -> None:
+    """Parse and validate a raw conductor output; print the plan as JSON."""
+    from conductor.plan import MAX_PLAN_TEXT_CHARS, parse_plan
+
+    try:
+        if file == "-":
+            text = sys.stdin.read(MAX_PLAN_TEXT_CHARS + 1)
+        else:
+            with open(file, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(MAX_PLAN_TEXT_CHARS + 1)
+    except OSError as exc:
+        _fail(f"{file}: {exc.strerror or exc}")
+    workflow = parse_plan(text, _load_pool(pool), max_steps=max_steps)
+    print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
+
+
+@artifacts_app.callback()
+def artifacts(
+    ctx: typer.Context,
+    path: Annotated[bool, typer.Option("--path", help="Print the dataset location only.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Summarise the store: runs, steps, failures, tokens, cost."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from conductor.store import ArtifactStore
+
+    store = ArtifactStore()
+    if path:
+        print(store.root)
+        return
+    s = store.summary()
+    data = {
+        "location": store.root,
+        "runs": s.runs,
+        "failed_runs": s.failed_runs,
+        "steps": s.steps,
+        "failed_steps": s.failed_steps,
+        "skipped_steps": s.skipped_steps,
+        "input_tokens": s.input_tokens,
+        "output_tokens": s.output_tokens,
+        "cost_usd": s.cost_usd,
+        "files": s.files,
+    }
+    if as_json:
+        print(json.dumps(data))
+        return
+    for key, value in data.items():
+        print(f"{key:<14} {value}")
+
+
+@artifacts_app.command()
+def compact(as_json: JsonOpt = False) -> None:
+    """Merge the small Parquet files of each table into one (safe for concurrent readers)."""
+    from conductor.store import ArtifactStore
+
+    result = ArtifactStore().compact()
+    if as_json:
+        print(json.dumps(_jsonable(result)))
+    else:
+        print(result)
+
+
+def _jsonable(obj: Any) -> Any:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(obj) if is_dataclass(obj) else obj
+
+
+def main() -> None:
+    """Entry point: one line on stderr for every error of ours, never a traceback."""
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    logging.captureWarnings(True)
+    try:
+        app(standalone_mode=True)
+    except ConductorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2 if not isinstance(exc, _runtime_errors()) else 1)
+
+
+def _runtime_errors() -> tuple[type[BaseException], ...]:
+    from conductor.errors import StoreError, WorkerError
+
+    return (WorkerError, StoreError)
+
+
+if __name__ == "__main__":
+    main()

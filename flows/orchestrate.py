@@ -1,0 +1,292 @@
+"""The ``orchestrate`` flow: question -> conductor plan -> dynamic DAG of step tasks -> artifacts.
+
+Compilation (issue #2): one task run per step, named ``step-{i} · {worker}``. A step's
+upstream futures are its parameters, so it starts as soon as every step in its access list
+has finished and independent steps overlap in the thread pool. A failed step's dependents
+never run: Prefect leaves them not-ready and we record them as ``skipped``. The paper runs
+steps in sequence; running them in parallel is our addition.
+
+Recursion (paper §4): a worker of kind ``conductor`` runs a nested planning round as a
+subflow, which either accepts the last visible response (three empty lists) or runs its own
+plan at ``depth + 1`` and returns that plan's answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import flow, task
+from prefect.futures import PrefectFuture, wait
+from prefect.runtime import flow_run
+from prefect.states import Failed, State
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from conductor.errors import ConductorError, PlanError, WorkerError
+from conductor.home import artifacts_location
+from conductor.plan import extract_plan, parse_plan, validate_plan
+from conductor.pool import Pool, load_pool
+from conductor.records import RunRecord, StepRecord
+from conductor.requests import OrchestrateRequest, RunResult
+from conductor.workflow import Step, Workflow
+from tasks.artifacts import publish_plan, publish_steps, save_run
+from tasks.planning import write_nested_plan, write_plan
+from tasks.workers import StepOutcome, step_task_for
+
+__all__ = ["orchestrate", "conductor_round"]
+
+# Enough threads for the widest layer we expect; I/O-bound worker calls mostly wait.
+TASK_RUNNER_WORKERS = 64
+
+
+@dataclass(frozen=True)
+class _RunIds:
+    run_id: str
+    question_id: str
+    question: str
+    max_steps: int
+
+
+@dataclass
+class _Execution:
+    records: list[StepRecord] = field(default_factory=list)
+    answer: str | None = None
+    reason: str | None = None
+
+
+class NestedRoundError(WorkerError):
+    """A nested plan failed; carries its step records so completed work is still stored."""
+
+    def __init__(self, message: str, records: list[StepRecord]):
+        super().__init__(message, retryable=False)
+        self.records = records
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _run_name() -> str:
+    params = flow_run.parameters or {}
+    req = params.get("request") or {}
+    question = req.question if isinstance(req, OrchestrateRequest) else str(req.get("question", ""))
+    words = " ".join(question.split())
+    return (words[:60] + "…") if len(words) > 60 else (words or "orchestrate")
+
+
+def _record(ids: _RunIds, step: Step, model: str, depth: int, parent: int | None, **kw: Any) -> StepRecord:
+    return StepRecord(
+        run_id=ids.run_id,
+        question_id=ids.question_id,
+        step=step.index,
+        depth=depth,
+        parent_step=parent,
+        worker=step.worker,
+        model=model,
+        instruction=step.instruction,
+        access=list(step.access),
+        **kw,
+    )
+
+
+def execute(
+    workflow: Workflow, pool: Pool, ids: _RunIds, depth: int = 0, parent: int | None = None
+) -> _Execution:
+    """Submit every step with its upstream futures, wait, and turn states into records."""
+    futures: dict[int, PrefectFuture[StepOutcome]] = {}
+    for step in workflow.steps:
+        visible = [futures[j] for j in step.access]
+        instructions = [workflow.steps[j].instruction for j in step.access]
+        worker = pool.worker(step.worker)
+        if worker.kind == "conductor":
+            submit = conductor_step.with_options(
+                task_run_name=f"{'d%d-' % depth if depth else ''}step-{step.index} · {worker.name}"
+            )
+            futures[step.index] = submit.submit(
+                step, visible, instructions, pool, workflow, ids, depth
+            )
+        else:
+            futures[step.index] = step_task_for(step, pool, depth).submit(
+                ids.question, step, visible, instructions, pool
+            )
+    wait(list(futures.values()))
+
+    out = _Execution()
+    broken: dict[int, str] = {}  # step -> why its dependents are skipped
+    for step in workflow.steps:
+        model = pool.worker(step.worker).model or pool.conductor.model
+        state = futures[step.index].state
+        if state.is_completed():
+            outcome: StepOutcome = futures[step.index].result()
+            out.records.extend(outcome.children)
+            out.records.append(
+                _record(ids, step, outcome.model, depth, parent, status="completed", **outcome.fields())
+            )
+            continue
+        upstream = next((j for j in step.access if j in broken), None)
+        if state.is_failed() or upstream is None:
+            exc = futures[step.index].result(raise_on_failure=False)
+            if isinstance(exc, NestedRoundError):
+                out.records.extend(exc.records)
+            error = _one_line(exc) if isinstance(exc, BaseException) else (state.message or state.name)
+            broken[step.index] = f"step {step.index} failed"
+            out.reason = out.reason or f"step {step.index} ({step.worker}) failed: {error}"
+            out.records.append(_record(ids, step, model, depth, parent, status="failed", error=error))
+        else:
+            broken[step.index] = broken[upstream]
+            out.records.append(
+                _record(ids, step, model, depth, parent, status="skipped", error=f"skipped: {broken[upstream]}")
+            )
+    last = futures[workflow.final.index]
+    if last.state.is_completed():
+        out.answer = last.result().output
+    return out
+
+
+@task(name="conductor-step")
+def conductor_step(
+    step: Step,
+    visible: list[StepOutcome],
+    instructions: list[str],
+    pool: Pool,
+    parent: Workflow,
+    ids: _RunIds,
+    depth: int,
+) -> StepOutcome:
+    """A step whose worker is the conductor itself: one nested planning round."""
+    last = visible[-1].output if visible else None
+    started = StepOutcome.now()
+    completion, messages = write_nested_plan(
+        ids.question, pool, parent, step.instruction, last, ids.max_steps
+    )
+    usage = {
+        "input_tokens": completion.input_tokens,
+        "output_tokens": completion.output_tokens,
+        "cost_usd": completion.cost_usd,
+    }
+    try:
+        raw = extract_plan(completion.text)
+        accept = raw.is_empty
+        nested = None if accept else validate_plan(
+            raw, pool, max_steps=ids.max_steps, allow_conductor=depth + 1 < pool.conductor.max_depth
+        )
+    except PlanError:
+        # Like the top level's fallback: an unusable nested plan keeps what we have.
+        accept, nested = True, None
+    if accept or nested is None:
+        if last is None:
+            raise WorkerError(f"step {step.index}: the nested conductor accepted, but it sees no response")
+        return StepOutcome.build(last, pool.conductor.model, messages, started, **usage)
+    result = conductor_round(nested, pool, ids, depth + 1, step.index)
+    if result.reason is not None:
+        raise NestedRoundError(f"nested plan of step {step.index}: {result.reason}", result.records)
+    return StepOutcome.build(
+        result.answer or "", pool.conductor.model, messages, started, children=tuple(result.records), **usage
+    )
+
+
+@flow(name="conductor-round", flow_run_name="nested plan · depth {depth}", task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS))
+def conductor_round(workflow: Workflow, pool: Pool, ids: _RunIds, depth: int, parent: int) -> _Execution:
+    """Run a nested plan (recursion) as a subflow."""
+    return execute(workflow, pool, ids, depth, parent)
+
+
+def _question_id(question: str) -> str:
+    return hashlib.sha256(question.strip().encode()).hexdigest()[:16]
+
+
+@flow(
+    name="orchestrate",
+    flow_run_name=_run_name,
+    task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
+    log_prints=False,
+)
+def orchestrate(request: OrchestrateRequest) -> RunResult | State:
+    """Answer one question with a conductor-written plan; store every step as an artifact."""
+    started = time.perf_counter()
+    pool = load_pool(request.pool)
+    max_steps = request.max_steps or pool.max_steps
+    ids = _RunIds(
+        run_id=str(flow_run.id or hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32]),
+        question_id=request.question_id or _question_id(request.question),
+        question=request.question,
+        max_steps=max_steps,
+    )
+    root = request.artifacts or artifacts_location()
+
+    plan_text: str | None = None
+    workflow: Workflow | None = None
+    format_error: str | None = None
+    execution = _Execution()
+    usage = [0, 0, 0.0]  # input tokens, output tokens, cost (None once any cost is unknown)
+    try:
+        plan = write_plan(request.question, pool, max_steps)
+        plan_text = plan.text
+        _add_usage(usage, plan.input_tokens, plan.output_tokens, plan.cost_usd)
+        try:
+            workflow = parse_plan(plan_text, pool, max_steps=max_steps, allow_conductor=pool.conductor.max_depth > 0)
+        except PlanError as exc:
+            format_error = str(exc)
+            if request.on_invalid_plan == "error":
+                execution.reason = f"invalid plan: {format_error}"
+            else:
+                workflow = Workflow.single_step(pool.default.name, request.question)
+        if workflow is not None:
+            publish_plan(workflow, request.question, format_error)
+            execution = execute(workflow, pool, ids)
+    except ConductorError as exc:
+        execution.reason = execution.reason or _one_line(exc)
+
+    for r in execution.records:
+        _add_usage(usage, r.input_tokens, r.output_tokens, r.cost_usd, r.status)
+    status = "completed" if execution.reason is None else "failed"
+    wall = time.perf_counter() - started
+    run = RunRecord(
+        run_id=ids.run_id,
+        question_id=ids.question_id,
+        question=request.question,
+        reference=request.reference,
+        conductor_model=pool.conductor.model,
+        conductor_output=plan_text,
+        workflow_json=json.dumps(workflow.to_lists()) if workflow else None,
+        format_valid=format_error is None and plan_text is not None,
+        format_error=format_error,
+        answer=execution.answer,
+        status=status,
+        input_tokens=usage[0],
+        output_tokens=usage[1],
+        cost_usd=usage[2],
+        wall_s=wall,
+        tags=request.tags,
+    )
+    if execution.records:
+        publish_steps(execution.records)
+    root = save_run(run, execution.records, root)
+    result = RunResult(
+        run_id=ids.run_id,
+        status=status,
+        answer=execution.answer,
+        workflow=[s.model_dump(mode="json") for s in workflow.steps] if workflow else [],
+        input_tokens=run.input_tokens,
+        output_tokens=run.output_tokens,
+        cost_usd=run.cost_usd,
+        wall_s=round(time.perf_counter() - started, 3),
+        artifacts=root,
+        format_valid=run.format_valid,
+        format_error=format_error,
+        reason=execution.reason,
+    )
+    if execution.reason is not None:
+        return Failed(message=execution.reason, data=result)
+    return result
+
+
+def _add_usage(usage: list, inp: int | None, outp: int | None, cost: float | None, status: str = "completed") -> None:
+    usage[0] += inp or 0
+    usage[1] += outp or 0
+    if status == "completed":
+        usage[2] = None if usage[2] is None or cost is None else usage[2] + cost

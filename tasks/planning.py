@@ -1,0 +1,37 @@
+"""Planning tasks: ask the conductor for plan text (top level or a nested round)."""
+
+from __future__ import annotations
+
+import json
+
+from prefect import task
+
+from conductor.llm import Completion, complete
+from conductor.policy import ConductorPolicy, LiteLLMPolicy
+from conductor.pool import Pool
+from conductor.prompts import recursion_messages
+from conductor.workflow import Workflow
+
+__all__ = ["write_plan", "write_nested_plan"]
+
+
+@task(name="plan", task_run_name="plan · conductor", retries=0)
+def write_plan(
+    question: str, pool: Pool, max_steps: int | None = None, policy: ConductorPolicy | None = None
+) -> Completion:
+    """The conductor's raw plan text for ``question``."""
+    return (policy or LiteLLMPolicy(max_steps)).write_plan(question, pool)
+
+
+@task(name="plan-nested", task_run_name="plan · conductor (nested)", retries=0)
+def write_nested_plan(
+    question: str,
+    pool: Pool,
+    parent: Workflow,
+    instruction: str,
+    last_response: str | None,
+    max_steps: int | None = None,
+) -> tuple[Completion, str]:
+    """A recursion round: returns the completion and the messages sent (JSON)."""
+    messages = recursion_messages(question, pool, parent, instruction, last_response, max_steps)
+    return complete(pool.conductor, messages), json.dumps(messages, ensure_ascii=False)

@@ -1,0 +1,57 @@
+"""Test setup: offline, a temp CONDUCTOR_HOME, the fake provider, one Prefect harness.
+
+The Prefect harness is session-scoped and started lazily, only by tests that ask for the
+``prefect`` fixture, so unit tests never pay for the server start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.fakes import CALLS, register_fake_provider  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_home():
+    """A session-wide CONDUCTOR_HOME so no test writes into the working tree."""
+    with tempfile.TemporaryDirectory(prefix="conductor-home-") as home:
+        os.environ["CONDUCTOR_HOME"] = home
+        yield Path(home)
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch) -> Path:
+    """A fresh CONDUCTOR_HOME for one test."""
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
+    monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def prefect():
+    """One Prefect test harness (temporary database, ephemeral server) for the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture()
+def fake_provider():
+    register_fake_provider()
+    CALLS.clear()
+    return CALLS

@@ -1,0 +1,262 @@
+"""The orchestrate flow end to end on a Prefect harness, with the fake litellm provider."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conductor.records import StepRecord
+from conductor.requests import OrchestrateRequest, RunResult
+from conductor.store import ArtifactStore
+from tests.fakes import CALLS, PLANS
+
+pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
+
+
+def make_pool(tmp_path: Path, workers: list[dict], **extra) -> str:
+    doc = {
+        "conductor": {"model": "fake/plan", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6},
+        "workers": workers,
+        **extra,
+    }
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def run(question: str, pool: str, tmp_path: Path, plan: str, nested: str = "", **kw) -> tuple[RunResult, list[StepRecord], str | None]:
+    from flows.orchestrate import orchestrate
+
+    PLANS["top"], PLANS["nested"] = plan, nested
+    root = str(tmp_path / "artifacts")
+    state = orchestrate(
+        OrchestrateRequest(question=question, pool=pool, artifacts=root, **kw), return_state=True
+    )
+    result = state.result(raise_on_failure=False)
+    assert isinstance(result, RunResult), result
+    steps = ArtifactStore(root).read_pandas("steps")
+    records = [StepRecord(**{k: (None if v != v else v) if not isinstance(v, (list, tuple)) else v for k, v in row.items()}) for row in _rows(steps)]
+    return result, records, state.message
+
+
+def _rows(df) -> list[dict]:
+    out = []
+    for row in df.to_dict("records"):
+        row["access"] = [int(x) for x in row["access"]]
+        for key in ("parent_step", "input_tokens", "output_tokens"):
+            if row[key] is not None and row[key] == row[key]:
+                row[key] = int(row[key])
+        out.append(row)
+    return sorted(out, key=lambda r: (r["depth"], r["parent_step"] or -1, r["step"]))
+
+
+def test_fan_out_runs_in_parallel_and_join_sees_all(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "slow", "model": "fake/sleep-0.5"}, {"name": "echo", "model": "fake/echo"}])
+    plan = (
+        "Three in parallel, then a join.\n"
+        "model_id = [0, 0, 0, 1]\n"
+        'subtasks = ["a", "b", "c", "join them"]\n'
+        'access_list = [[], [], [], "all"]'
+    )
+    result, steps, _ = run("Q?", pool, tmp_path, plan)
+    assert result.status == "completed"
+    assert result.answer == "echo: join them"
+    assert [s.status for s in steps] == ["completed"] * 4
+    parallel = steps[:3]
+    # The three independent steps overlap: each starts before any of them finishes.
+    assert max(s.started_at for s in parallel) < min(s.finished_at for s in parallel)
+    join = steps[3]
+    assert join.started_at >= max(s.finished_at for s in parallel)
+    messages = json.loads(join.messages)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    assert messages[0]["content"].endswith("Q?")
+    assert messages[1:3] == [{"role": "user", "content": "a"}, {"role": "assistant", "content": "slept 0.5"}]
+    assert result.input_tokens > 0 and result.output_tokens > 0
+    assert result.format_valid
+
+
+def test_worker_sees_only_its_access_list_and_no_question_when_not_shared(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo"}], share_question=False)
+    plan = 'model_id = [0, 0, 0]\nsubtasks = ["one", "two", "three"]\naccess_list = [[], [], [0]]'
+    result, steps, _ = run("Q?", pool, tmp_path, plan)
+    assert result.status == "completed"
+    third = json.loads(steps[2].messages)
+    assert third == [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "echo: one"},
+        {"role": "user", "content": "three"},
+    ]
+
+
+def test_failed_step_skips_dependents_and_keeps_completed_work(tmp_path):
+    pool = make_pool(
+        tmp_path,
+        [{"name": "echo", "model": "fake/echo"}, {"name": "bad", "model": "fake/badrequest", "retries": 3}],
+    )
+    plan = 'model_id = [0, 1, 0, 0]\nsubtasks = ["ok", "boom", "after boom", "after after"]\naccess_list = [[], [], [1], [2]]'
+    result, steps, message = run("Q?", pool, tmp_path, plan)
+    assert result.status == "failed"
+    assert result.reason.startswith("step 1 (bad) failed: fake/badrequest: BadRequestError")
+    assert message == result.reason
+    assert [s.status for s in steps] == ["completed", "failed", "skipped", "skipped"]
+    assert steps[0].output == "echo: ok"
+    assert steps[2].error == "skipped: step 1 failed" and steps[3].error == "skipped: step 1 failed"
+    assert CALLS["badrequest"] == 1  # a bad request is never retried
+    runs = ArtifactStore(str(tmp_path / "artifacts")).read_pandas("runs")
+    assert list(runs["status"]) == ["failed"] and runs["answer"].isna().all()
+
+
+def test_rate_limit_is_retried_until_it_succeeds(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "flaky", "model": "fake/ratelimit-2", "retries": 3, "retry_backoff_s": 0.01}])
+    result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result.status == "completed" and result.answer == "ok"
+    assert CALLS["ratelimit-2"] == 3
+
+
+def test_authentication_error_is_not_retried(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "locked", "model": "fake/auth", "retries": 3, "retry_backoff_s": 0.01}])
+    result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result.status == "failed"
+    assert "AuthenticationError" in result.reason
+    assert CALLS["auth"] == 1
+
+
+def test_timeout_is_retried_then_fails(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "slow", "model": "fake/timeout", "retries": 1, "retry_backoff_s": 0.01}])
+    result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result.status == "failed" and "Timeout" in result.reason
+    assert CALLS["timeout"] == 2
+    assert steps[0].status == "failed"
+
+
+def test_fallback_worker_answers_when_primary_fails(tmp_path):
+    pool = make_pool(
+        tmp_path,
+        [{"name": "locked", "model": "fake/auth", "retries": 0, "fallbacks": ["echo"]}, {"name": "echo", "model": "fake/echo"}],
+    )
+    result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result.status == "completed" and result.answer == "echo: go"
+    assert steps[0].worker == "locked" and steps[0].model == "fake/echo"
+
+
+def test_invalid_plan_falls_back_to_one_step(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo"}])
+    result, steps, _ = run("What is 2+2?", pool, tmp_path, "I think the answer is 4.")
+    assert result.status == "completed"
+    assert not result.format_valid and result.format_error.startswith("no plan found")
+    assert len(steps) == 1 and steps[0].instruction == "What is 2+2?"
+    runs = ArtifactStore(str(tmp_path / "artifacts")).read_pandas("runs")
+    assert runs.loc[0, "format_valid"] == False  # noqa: E712
+    assert runs.loc[0, "conductor_output"] == "I think the answer is 4."
+
+
+def test_invalid_plan_in_error_mode_fails_the_run(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo"}])
+    plan = 'model_id = [0, 0]\nsubtasks = ["a", "b"]\naccess_list = [[], [1]]'
+    result, steps, _ = run("Q?", pool, tmp_path, plan, on_invalid_plan="error")
+    assert result.status == "failed"
+    assert result.reason == "invalid plan: step 1 reads itself"
+    assert steps == []
+    runs = ArtifactStore(str(tmp_path / "artifacts")).read_pandas("runs")
+    assert runs.loc[0, "format_error"] == "step 1 reads itself"
+
+
+def test_recursion_runs_a_nested_plan_as_a_subflow(tmp_path):
+    pool = make_pool(
+        tmp_path,
+        [{"name": "echo", "model": "fake/echo"}, {"name": "meta", "kind": "conductor", "description": "a planner"}],
+    )
+    top = 'model_id = [0, 1]\nsubtasks = ["draft", "improve the draft"]\naccess_list = [[], [0]]'
+    nested = 'model_id = [0, 0]\nsubtasks = ["redo", "final"]\naccess_list = [[], [0]]'
+    result, steps, _ = run("Q?", pool, tmp_path, top, nested)
+    assert result.status == "completed"
+    assert result.answer == "echo: final"
+    by_depth = [(s.depth, s.parent_step, s.step, s.worker) for s in steps]
+    assert by_depth == [(0, None, 0, "echo"), (0, None, 1, "meta"), (1, 1, 0, "echo"), (1, 1, 1, "echo")]
+
+
+def test_recursion_accepts_with_three_empty_lists(tmp_path):
+    pool = make_pool(
+        tmp_path,
+        [{"name": "echo", "model": "fake/echo"}, {"name": "meta", "kind": "conductor"}],
+    )
+    top = 'model_id = [0, 1]\nsubtasks = ["draft", "check"]\naccess_list = [[], [0]]'
+    result, steps, _ = run("Q?", pool, tmp_path, top, "model_id = []\nsubtasks = []\naccess_list = []")
+    assert result.status == "completed" and result.answer == "echo: draft"
+    assert [s.depth for s in steps] == [0, 0]
+
+
+def test_recursion_depth_cap_is_enforced(tmp_path):
+    pool = make_pool(
+        tmp_path,
+        [{"name": "echo", "model": "fake/echo"}, {"name": "meta", "kind": "conductor"}],
+    )
+    top = 'model_id = [0, 1]\nsubtasks = ["draft", "check"]\naccess_list = [[], [0]]'
+    # The nested plan tries to recurse again: depth 1 is the cap, so it is refused and the
+    # round keeps the last response.
+    nested = 'model_id = [0, 1]\nsubtasks = ["x", "again"]\naccess_list = [[], [0]]'
+    result, steps, _ = run("Q?", pool, tmp_path, top, nested)
+    assert result.status == "completed" and result.answer == "echo: draft"
+    assert max(s.depth for s in steps) == 0
+
+
+def test_two_flows_at_once_write_without_loss(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "slow", "model": "fake/sleep-0.2"}])
+    from flows.orchestrate import orchestrate
+
+    PLANS["top"] = 'model_id=[0, 0]\nsubtasks=["a", "b"]\naccess_list=[[], [0]]'
+    root = str(tmp_path / "shared")
+    results: list = []
+
+    def go(i: int) -> None:
+        results.append(orchestrate(OrchestrateRequest(question=f"question {i}", pool=pool, artifacts=root)))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and all(r.status == "completed" for r in results)
+    store = ArtifactStore(root)
+    assert sorted(store.read_pandas("runs")["question"]) == ["question 0", "question 1"]
+    assert len(store.read_pandas("steps")) == 4
+
+
+def test_deterministic_calls_are_cached(tmp_path):
+    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo", "cache": True, "params": {"temperature": 0}}])
+    plan = 'model_id=[0]\nsubtasks=["same"]\naccess_list=[[]]'
+    first, _, _ = run("cache me", pool, tmp_path, plan)
+    second, _, _ = run("cache me", pool, tmp_path, plan)
+    assert first.answer == second.answer == "echo: same"
+    assert CALLS["echo"] == 1
+
+
+def test_cost_uses_pool_prices_and_unknown_price_is_null(tmp_path):
+    pool = make_pool(
+        tmp_path,
+        [{"name": "priced", "model": "fake/echo", "input_cost_per_token": 0.001, "output_cost_per_token": 0.002}],
+    )
+    result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert steps[0].cost_usd == pytest.approx(0.001 * steps[0].input_tokens + 0.002 * steps[0].output_tokens)
+    unpriced = make_pool(tmp_path, [{"name": "free", "model": "fake/echo"}])
+    result2, steps2, _ = run("Q?", unpriced, tmp_path / "b", 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result2.status == "completed"
+    assert steps2[0].cost_usd is None and result2.cost_usd is None
+
+
+def test_api_key_from_env_never_reaches_artifacts(tmp_path, monkeypatch):
+    secret = "sk-test-very-secret-4242"
+    monkeypatch.setenv("FAKE_PROVIDER_KEY", secret)
+    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo", "api_key_env": "FAKE_PROVIDER_KEY"}])
+    result, _, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result.status == "completed"
+    for f in (tmp_path / "artifacts").rglob("*.parquet"):
+        table = pq.read_table(f)
+        assert secret not in json.dumps(table.to_pylist(), default=str)
+        assert secret.encode() not in f.read_bytes()
+    assert secret not in result.model_dump_json()
