@@ -80,6 +80,11 @@ def classify_error(exc: BaseException, model: str) -> WorkerError:
     """Map a litellm (or transport) exception to a one-line ``WorkerError``."""
     if isinstance(exc, WorkerError):
         return exc
+    # litellm wraps what a custom provider raises (our local model, tools) in an
+    # APIConnectionError; the provider's own WorkerError, with its retryable flag, wins.
+    inner = exc.__cause__ or exc.__context__
+    if isinstance(inner, WorkerError):
+        return WorkerError(f"{model}: {inner}", retryable=inner.retryable)
     kind = type(exc).__name__
     status = getattr(exc, "status_code", None)
     if isinstance(exc, _FATAL):
@@ -97,7 +102,9 @@ def classify_error(exc: BaseException, model: str) -> WorkerError:
     return WorkerError(f"{model}: {kind}: {first}", retryable=retryable)
 
 
-def price(endpoint: _Endpoint, response: Any, input_tokens: int | None, output_tokens: int | None) -> float | None:
+def price(
+    endpoint: _Endpoint, response: Any, input_tokens: int | None, output_tokens: int | None
+) -> float | None:
     """The pool's per-token prices win; else litellm's price map; unknown -> ``None``."""
     if endpoint.input_cost_per_token is not None or endpoint.output_cost_per_token is not None:
         if input_tokens is None or output_tokens is None:

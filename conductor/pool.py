@@ -48,15 +48,23 @@ class _Endpoint(BaseModel):
         default_factory=dict, description="Sampling parameters passed to litellm."
     )
     api_base: str | None = Field(default=None, description="Base URL of the server.")
-    api_key_env: str | None = Field(default=None, description="Environment variable holding the API key.")
-    api_key_secret: str | None = Field(default=None, description="Prefect Secret block with the API key.")
+    api_key_env: str | None = Field(
+        default=None, description="Environment variable holding the API key."
+    )
+    api_key_secret: str | None = Field(
+        default=None, description="Prefect Secret block with the API key."
+    )
     timeout_s: float = Field(default=120.0, gt=0, description="Per-call timeout in seconds.")
     retries: int = Field(default=2, ge=0, le=10, description="Retries on retryable errors.")
     retry_backoff_s: float = Field(
         default=1.0, ge=0, description="First retry delay; doubles on each retry."
     )
-    input_cost_per_token: float | None = Field(default=None, ge=0, description="USD; overrides litellm's price map.")
-    output_cost_per_token: float | None = Field(default=None, ge=0, description="USD; overrides litellm's price map.")
+    input_cost_per_token: float | None = Field(
+        default=None, ge=0, description="USD; overrides litellm's price map."
+    )
+    output_cost_per_token: float | None = Field(
+        default=None, ge=0, description="USD; overrides litellm's price map."
+    )
 
     _check_params = field_validator("params")(classmethod(lambda cls, v: _refuse_secrets(v)))
 
@@ -151,7 +159,9 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 def pool_from_dict(data: Any, source: str = "<memory>") -> Pool:
     """Validate a parsed pool document; errors name the source and the field."""
     if not isinstance(data, dict):
-        raise PoolConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+        raise PoolConfigError(
+            f"{source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
     try:
         return Pool.model_validate({**data, "source": source})
     except ValidationError as exc:

@@ -78,7 +78,9 @@ def describe_pool(pool: Pool) -> str:
     """Workers by ordinal name plus their descriptions; model names are never shown."""
     lines = []
     for i, w in enumerate(pool.workers):
-        desc = w.description.strip() or ("a planner like you" if w.kind == "conductor" else "a model")
+        desc = w.description.strip() or (
+            "a planner like you" if w.kind == "conductor" else "a model"
+        )
         lines.append(f"Model {i}: {desc}")
     return "\n".join(lines)
 
@@ -92,7 +94,9 @@ def _system(pool: Pool, max_steps: int | None) -> str:
     )
 
 
-def conductor_messages(question: str, pool: Pool, max_steps: int | None = None) -> list[dict[str, str]]:
+def conductor_messages(
+    question: str, pool: Pool, max_steps: int | None = None
+) -> list[dict[str, str]]:
     """Chat messages that ask the conductor for a plan for ``question``."""
     return [
         {"role": "system", "content": _system(pool, max_steps)},
@@ -140,7 +144,10 @@ def worker_messages(
     messages: list[dict[str, str]] = []
     if share_question and instruction.strip() != question.strip():
         messages.append(
-            {"role": "system", "content": f"You are part of a team answering this question:\n{question}"}
+            {
+                "role": "system",
+                "content": f"You are part of a team answering this question:\n{question}",
+            }
         )
     for subtask, response in visible:
         messages.append({"role": "user", "content": subtask})

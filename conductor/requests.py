@@ -26,9 +26,13 @@ class OrchestrateRequest(BaseModel):
         default="fallback",
         description="fallback: run a one-step plan on the default worker; error: fail the run.",
     )
-    max_steps: int | None = Field(default=None, ge=1, le=20, description="Overrides the pool's max_steps.")
+    max_steps: int | None = Field(
+        default=None, ge=1, le=20, description="Overrides the pool's max_steps."
+    )
     question_id: str | None = Field(default=None, description="Stable id, e.g. from a dataset.")
-    reference: str | None = Field(default=None, description="Reference answer, stored for evaluation.")
+    reference: str | None = Field(
+        default=None, description="Reference answer, stored for evaluation."
+    )
     tags: dict[str, str] = Field(default_factory=dict, description="Stored with the run.")
     artifacts: str | None = Field(
         default=None, description="Dataset root (path or URL); default $CONDUCTOR_HOME/artifacts."

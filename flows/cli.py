@@ -23,7 +23,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Learned LLM orchestration on Prefect: a conductor plans, workers run the steps.",
 )
-artifacts_app = typer.Typer(help="Inspect and maintain the Parquet artifact store.", invoke_without_command=True)
+artifacts_app = typer.Typer(
+    help="Inspect and maintain the Parquet artifact store.", invoke_without_command=True
+)
 app.add_typer(artifacts_app, name="artifacts")
 
 PoolOpt = Annotated[
@@ -77,7 +79,7 @@ def run(
     except ValidationError as exc:
         err = exc.errors()[0]
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
-    from flows.quiet import quiet_prefect_shutdown
+    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
 
     with quiet_prefect_shutdown():
         from flows.orchestrate import orchestrate
@@ -88,12 +90,23 @@ def run(
 
     if not isinstance(result, RunResult):
         # The flow itself crashed (bad pool at run time, store unwritable, ...).
-        message = str(result).strip().splitlines()[0] if isinstance(result, BaseException) else state.message
+        message = (
+            str(result).strip().splitlines()[0]
+            if isinstance(result, BaseException)
+            else state.message
+        )
         _fail(message or "the run crashed", code=1)
     if as_json:
-        print(json.dumps(result.model_dump(mode="json", exclude={"format_error", "format_valid", "reason"}) | {
-            "format_valid": result.format_valid, "format_error": result.format_error, "reason": result.reason
-        }))
+        print(
+            json.dumps(
+                result.model_dump(mode="json", exclude={"format_error", "format_valid", "reason"})
+                | {
+                    "format_valid": result.format_valid,
+                    "format_error": result.format_error,
+                    "reason": result.reason,
+                }
+            )
+        )
     else:
         print(f"answer: {result.answer if result.answer is not None else '(none)'}")
         print(
@@ -104,6 +117,7 @@ def run(
         )
     if result.status != "completed":
         _fail(result.reason or "the run failed", code=1)
+    silence_stderr_at_exit()
 
 
 @app.command()
@@ -206,6 +220,11 @@ def _jsonable(obj: Any) -> Any:
 
 def main() -> None:
     """Entry point: one line on stderr for every error of ours, never a traceback."""
+    # Before Prefect is imported: the first ephemeral-server start on a fresh machine runs the
+    # database migrations and can take well over Prefect's default 20 s on 2 cores, and the
+    # server must not try to phone home from an offline machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     logging.captureWarnings(True)
     try:

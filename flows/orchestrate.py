@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
@@ -34,7 +34,7 @@ from conductor.requests import OrchestrateRequest, RunResult
 from conductor.workflow import Step, Workflow
 from tasks.artifacts import publish_plan, publish_steps, save_run
 from tasks.planning import write_nested_plan, write_plan
-from tasks.workers import StepOutcome, step_task_for
+from tasks.workers import StepOutcome, step_run_name, step_task_for
 
 __all__ = ["orchestrate", "conductor_round"]
 
@@ -55,6 +55,20 @@ class _Execution:
     records: list[StepRecord] = field(default_factory=list)
     answer: str | None = None
     reason: str | None = None
+
+
+@dataclass
+class _Usage:
+    """Run totals. The cost becomes unknown (``None``) as soon as one call's cost is."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = 0.0
+
+    def add(self, inp: int | None, out: int | None, cost: float | None) -> None:
+        self.input_tokens += inp or 0
+        self.output_tokens += out or 0
+        self.cost_usd = None if self.cost_usd is None or cost is None else self.cost_usd + cost
 
 
 class NestedRoundError(WorkerError):
@@ -78,7 +92,9 @@ def _run_name() -> str:
     return (words[:60] + "…") if len(words) > 60 else (words or "orchestrate")
 
 
-def _record(ids: _RunIds, step: Step, model: str, depth: int, parent: int | None, **kw: Any) -> StepRecord:
+def _record(
+    ids: _RunIds, step: Step, model: str, depth: int, parent: int | None, **kw: Any
+) -> StepRecord:
     return StepRecord(
         run_id=ids.run_id,
         question_id=ids.question_id,
@@ -104,7 +120,7 @@ def execute(
         worker = pool.worker(step.worker)
         if worker.kind == "conductor":
             submit = conductor_step.with_options(
-                task_run_name=f"{'d%d-' % depth if depth else ''}step-{step.index} · {worker.name}"
+                task_run_name=step_run_name(step, depth)
             )
             futures[step.index] = submit.submit(
                 step, visible, instructions, pool, workflow, ids, depth
@@ -124,7 +140,9 @@ def execute(
             outcome: StepOutcome = futures[step.index].result()
             out.records.extend(outcome.children)
             out.records.append(
-                _record(ids, step, outcome.model, depth, parent, status="completed", **outcome.fields())
+                _record(
+                    ids, step, outcome.model, depth, parent, status="completed", **outcome.fields()
+                )
             )
             continue
         upstream = next((j for j in step.access if j in broken), None)
@@ -132,14 +150,26 @@ def execute(
             exc = futures[step.index].result(raise_on_failure=False)
             if isinstance(exc, NestedRoundError):
                 out.records.extend(exc.records)
-            error = _one_line(exc) if isinstance(exc, BaseException) else (state.message or state.name)
+            error = (
+                _one_line(exc) if isinstance(exc, BaseException) else (state.message or state.name)
+            )
             broken[step.index] = f"step {step.index} failed"
             out.reason = out.reason or f"step {step.index} ({step.worker}) failed: {error}"
-            out.records.append(_record(ids, step, model, depth, parent, status="failed", error=error))
+            out.records.append(
+                _record(ids, step, model, depth, parent, status="failed", error=error)
+            )
         else:
             broken[step.index] = broken[upstream]
             out.records.append(
-                _record(ids, step, model, depth, parent, status="skipped", error=f"skipped: {broken[upstream]}")
+                _record(
+                    ids,
+                    step,
+                    model,
+                    depth,
+                    parent,
+                    status="skipped",
+                    error=f"skipped: {broken[upstream]}",
+                )
             )
     last = futures[workflow.final.index]
     if last.state.is_completed():
@@ -171,28 +201,56 @@ def conductor_step(
     try:
         raw = extract_plan(completion.text)
         accept = raw.is_empty
-        nested = None if accept else validate_plan(
-            raw, pool, max_steps=ids.max_steps, allow_conductor=depth + 1 < pool.conductor.max_depth
+        nested = (
+            None
+            if accept
+            else validate_plan(
+                raw,
+                pool,
+                max_steps=ids.max_steps,
+                allow_conductor=depth + 1 < pool.conductor.max_depth,
+            )
         )
     except PlanError:
         # Like the top level's fallback: an unusable nested plan keeps what we have.
         accept, nested = True, None
     if accept or nested is None:
         if last is None:
-            raise WorkerError(f"step {step.index}: the nested conductor accepted, but it sees no response")
+            raise WorkerError(
+                f"step {step.index}: the nested conductor accepted, but it sees no response"
+            )
         return StepOutcome.build(last, pool.conductor.model, messages, started, **usage)
     result = conductor_round(nested, pool, ids, depth + 1, step.index)
     if result.reason is not None:
         raise NestedRoundError(f"nested plan of step {step.index}: {result.reason}", result.records)
     return StepOutcome.build(
-        result.answer or "", pool.conductor.model, messages, started, children=tuple(result.records), **usage
+        result.answer or "",
+        pool.conductor.model,
+        messages,
+        started,
+        children=tuple(result.records),
+        **usage,
     )
 
 
-@flow(name="conductor-round", flow_run_name="nested plan · depth {depth}", task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS))
-def conductor_round(workflow: Workflow, pool: Pool, ids: _RunIds, depth: int, parent: int) -> _Execution:
+@flow(
+    name="conductor-round",
+    flow_run_name="nested plan · depth {depth}",
+    task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
+)
+def conductor_round(
+    workflow: Workflow, pool: Pool, ids: _RunIds, depth: int, parent: int
+) -> _Execution:
     """Run a nested plan (recursion) as a subflow."""
     return execute(workflow, pool, ids, depth, parent)
+
+
+def _log_plan(workflow: Workflow, format_error: str | None) -> None:
+    lines = [f"invalid plan ({format_error}); running the fallback:"] if format_error else ["plan:"]
+    for s in workflow.steps:
+        reads = ", ".join(map(str, s.access)) or "-"
+        lines.append(f"  step {s.index} · {s.worker} reads [{reads}]: {s.instruction[:120]}")
+    get_run_logger().info("\n".join(lines))
 
 
 def _question_id(question: str) -> str:
@@ -222,13 +280,15 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     workflow: Workflow | None = None
     format_error: str | None = None
     execution = _Execution()
-    usage = [0, 0, 0.0]  # input tokens, output tokens, cost (None once any cost is unknown)
+    usage = _Usage()
     try:
         plan = write_plan(request.question, pool, max_steps)
         plan_text = plan.text
-        _add_usage(usage, plan.input_tokens, plan.output_tokens, plan.cost_usd)
+        usage.add(plan.input_tokens, plan.output_tokens, plan.cost_usd)
         try:
-            workflow = parse_plan(plan_text, pool, max_steps=max_steps, allow_conductor=pool.conductor.max_depth > 0)
+            workflow = parse_plan(
+                plan_text, pool, max_steps=max_steps, allow_conductor=pool.conductor.max_depth > 0
+            )
         except PlanError as exc:
             format_error = str(exc)
             if request.on_invalid_plan == "error":
@@ -236,13 +296,15 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
             else:
                 workflow = Workflow.single_step(pool.default.name, request.question)
         if workflow is not None:
+            _log_plan(workflow, format_error)
             publish_plan(workflow, request.question, format_error)
             execution = execute(workflow, pool, ids)
     except ConductorError as exc:
         execution.reason = execution.reason or _one_line(exc)
 
     for r in execution.records:
-        _add_usage(usage, r.input_tokens, r.output_tokens, r.cost_usd, r.status)
+        if r.status == "completed":
+            usage.add(r.input_tokens, r.output_tokens, r.cost_usd)
     status = "completed" if execution.reason is None else "failed"
     wall = time.perf_counter() - started
     run = RunRecord(
@@ -257,9 +319,9 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
         format_error=format_error,
         answer=execution.answer,
         status=status,
-        input_tokens=usage[0],
-        output_tokens=usage[1],
-        cost_usd=usage[2],
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost_usd=usage.cost_usd,
         wall_s=wall,
         tags=request.tags,
     )
@@ -283,10 +345,3 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     if execution.reason is not None:
         return Failed(message=execution.reason, data=result)
     return result
-
-
-def _add_usage(usage: list, inp: int | None, outp: int | None, cost: float | None, status: str = "completed") -> None:
-    usage[0] += inp or 0
-    usage[1] += outp or 0
-    if status == "completed":
-        usage[2] = None if usage[2] is None or cost is None else usage[2] + cost

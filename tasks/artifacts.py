@@ -28,10 +28,16 @@ def _cell(text: str, limit: int = 80) -> str:
 def publish_plan(workflow: Workflow, question: str, format_error: str | None) -> None:
     """A Markdown artifact with the plan as a table and its DAG as Mermaid source."""
     rows = "\n".join(
-        f"| {s.index} | {s.worker} | {', '.join(map(str, s.access)) or '-'} | {_cell(s.instruction)} |"
+        f"| {s.index} | {s.worker} | {', '.join(map(str, s.access)) or '-'} "
+        f"| {_cell(s.instruction)} |"
         for s in workflow.steps
     )
-    note = f"\n> The conductor's plan was invalid ({_cell(format_error, 200)}); this is the fallback.\n" if format_error else ""
+    note = (
+        f"\n> The conductor's plan was invalid ({_cell(format_error, 200)}); "
+        "this is the fallback.\n"
+        if format_error
+        else ""
+    )
     markdown = (
         f"## Plan\n\n**Question:** {_cell(question, 300)}\n{note}\n"
         f"| step | worker | reads | subtask |\n|---|---|---|---|\n{rows}\n\n"

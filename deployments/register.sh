@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Create the process work pool (if missing) and register every deployment in prefect.yaml.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+prefect work-pool inspect conductor-process >/dev/null 2>&1 \
+  || prefect work-pool create conductor-process --type process
+cd "$here/.."
+prefect --no-prompt deploy --all --prefect-file "$here/prefect.yaml"
