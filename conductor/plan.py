@@ -157,8 +157,8 @@ class _Scanner:
                     i += 1
                     self.ends[stack.pop()] = i
         except _Unclosed as exc:
-            for pos in stack:  # every bracket still open would meet the same fate
-                self.failures[pos] = str(exc)
+            for pos in stack[1:]:
+                self.ends[pos] = len(self.text)
             raise
         return self.ends[start]
 

@@ -105,7 +105,7 @@ class Pool(BaseModel):
     conductor: ConductorSpec
     workers: tuple[WorkerSpec, ...] = Field(min_length=1)
     default_worker: str | None = None
-    max_steps: int = Field(default=5, ge=1, le=20)
+    max_steps: int = Field(default=5, ge=1, le=128)
     share_question: bool = True
     source: str = Field(default="<memory>", exclude=True, description="Where the pool came from.")
 

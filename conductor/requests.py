@@ -27,7 +27,7 @@ class OrchestrateRequest(BaseModel):
         description="fallback: run a one-step plan on the default worker; error: fail the run.",
     )
     max_steps: int | None = Field(
-        default=None, ge=1, le=20, description="Overrides the pool's max_steps."
+        default=None, ge=1, le=128, description="Overrides the pool's max_steps."
     )
     question_id: str | None = Field(default=None, description="Stable id, e.g. from a dataset.")
     reference: str | None = Field(
