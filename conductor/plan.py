@@ -7,10 +7,12 @@ The Conductor (arXiv 2512.04388) writes free reasoning text, then three Python l
 ..., "access": ...}]}``. Either form may sit inside fenced code blocks; if the model repeats
 itself, the last complete plan in the text wins.
 
-The text is model output and so hostile input: literals are located by a bracket scanner (no
-backtracking regex), nesting is capped before parsing, and values are read only with
-``ast.literal_eval`` or ``json.loads``. Every failure is one ``PlanError`` line naming the
-step. Departure from the paper: a worker may also be named by its pool name or "Model N".
+The text is model output and so hostile input. Literals are located by a bracket scanner
+whose total work is budgeted (no regex that can backtrack badly), nesting and size are capped
+before parsing, and values are read only with ``ast.literal_eval`` or ``json.loads``. Every
+failure is one ``PlanError`` line, naming the step where there is one.
+
+Departure from the paper: a worker may also be named by its pool name or by "Model N".
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ MAX_PLAN_TEXT_CHARS = 200_000
 _MAX_DEPTH = 32  # the paper's form nests 2 deep, the JSON form 4; ast recurses on deeper input
 _SCAN_BUDGET = 100_000  # scanner steps per text; see _Scanner
 # ast.literal_eval spends microseconds per token: cap the tokens it may see (outside strings).
-_MAX_CODE_CHARS = 8000  # the paper's lists for 20 steps need under 2000
+_MAX_CODE_CHARS = 48_000  # a 128-step plan reading every earlier step explicitly needs 32k
 _MAX_STRINGS = 1000
 
 _NAMES = ("model_id", "subtasks", "access_list")
@@ -157,8 +159,8 @@ class _Scanner:
                     i += 1
                     self.ends[stack.pop()] = i
         except _Unclosed as exc:
-            for pos in stack[1:]:
-                self.ends[pos] = len(self.text)
+            for pos in stack:  # every bracket still open would meet the same fate
+                self.failures[pos] = str(exc)
             raise
         return self.ends[start]
 
@@ -271,7 +273,7 @@ def _resolve_worker(i: int, item: Any, pool: Pool, allow_conductor: bool) -> str
         name = names[item]
     elif isinstance(item, str):
         if item not in names:
-            raise PlanError(f"step {i}: unknown worker {item!r}; known: {', '.join(names)}")
+            raise PlanError(f"step {i}: unknown worker {_short(item)}; known: {', '.join(names)}")
         name = item
     else:
         raise PlanError(

@@ -554,3 +554,13 @@ def test_memoised_scanner_agrees_with_fresh_scans() -> None:
         shared = plan_mod._Scanner(text)
         for p in rng.sample(opens, len(opens)):
             assert outcome(shared, p) == fresh[p], (text, p)
+
+
+def test_benchmark_sized_plan_with_explicit_access(pool: Pool) -> None:
+    # Pools allow up to 128 steps for benchmarks; the size caps must not refuse such a plan.
+    n = 128
+    access = [list(range(i)) for i in range(n)]
+    wf = parse_plan(
+        lists([i % 2 for i in range(n)], [f"part {i}" for i in range(n)], access), pool, max_steps=n
+    )
+    assert len(wf.steps) == n and wf.final.access == tuple(range(n - 1))
