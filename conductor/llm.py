@@ -9,6 +9,7 @@ task retries only retryable errors), so litellm's own retries are off.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,9 @@ _FATAL = (
     litellm.exceptions.NotFoundError,
     litellm.exceptions.UnprocessableEntityError,
 )
+
+
+_LITELLM_PREFIX = re.compile(r"^(?:litellm\.\w+(?:Error|Exception|Timeout):\s*)+")
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def classify_error(exc: BaseException, model: str) -> WorkerError:
     else:
         retryable = isinstance(exc, (TimeoutError, ConnectionError))
     message = str(getattr(exc, "message", None) or exc).strip().splitlines()
-    first = message[0] if message else kind
+    # litellm prefixes its messages with the class chain ("litellm.BadRequestError: ...").
+    first = _LITELLM_PREFIX.sub("", message[0]) if message else kind
     if len(first) > 300:
         first = first[:297] + "..."
     return WorkerError(f"{model}: {kind}: {first}", retryable=retryable)

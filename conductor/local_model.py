@@ -39,6 +39,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as transformers_logging
 
 from conductor._litellm import litellm
 from conductor.errors import WorkerError
@@ -206,6 +207,7 @@ def load_cached(slug: str, build: Callable[[], Loaded]) -> Loaded:
     cached = _read_cache(target)
     if cached is not None:
         return cached
+    _log.info("converting %s once (about half a minute); cached in %s", slug, target)
     model, tokenizer = build()
     _write_cache(target, model, tokenizer)
     return model, tokenizer
@@ -224,6 +226,8 @@ def _load_gguf(path: Path) -> Loaded:
 
 
 def _load(name: str) -> Loaded:
+    # transformers draws tqdm bars while converting; a CLI run keeps stderr for its own lines.
+    transformers_logging.disable_progress_bar()
     if name == SMOLLM2:
         path = gguf_path()
         return load_cached(SMOLLM2, lambda: _load_gguf(path))

@@ -81,11 +81,13 @@ def run(
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
     from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
 
-    with quiet_prefect_shutdown():
-        from flows.orchestrate import orchestrate
+    from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
 
+    with quiet_prefect_shutdown():
         state = orchestrate(request, return_state=True)
         result = state.result(raise_on_failure=False)
+    # Everything the user needs is below; what Prefect prints while shutting down is not.
+    silence_stderr_at_exit()
     from conductor.requests import RunResult
 
     if not isinstance(result, RunResult):
@@ -108,7 +110,8 @@ def run(
             )
         )
     else:
-        print(f"answer: {result.answer if result.answer is not None else '(none)'}")
+        if result.status == "completed":
+            print(f"answer: {result.answer}")
         print(
             f"tokens: {result.input_tokens} in / {result.output_tokens} out · "
             f"cost: {'n/a' if result.cost_usd is None else f'${result.cost_usd:.6f}'} · "
@@ -117,7 +120,6 @@ def run(
         )
     if result.status != "completed":
         _fail(result.reason or "the run failed", code=1)
-    silence_stderr_at_exit()
 
 
 @app.command()
@@ -227,6 +229,12 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     logging.captureWarnings(True)
+    ours = logging.getLogger("conductor")
+    if not ours.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("conductor: %(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
     try:
         app(standalone_mode=True)
     except ConductorError as exc:

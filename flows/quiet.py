@@ -1,4 +1,4 @@
-"""Keep Prefect's shutdown noise off the user's terminal.
+"""Keep Prefect's shutdown noise, and engine tracebacks of our own errors, off the terminal.
 
 When the process exits, Prefect stops its ephemeral API server and cancels background
 services; on some runs that logs ``asyncio.CancelledError`` tracebacks (issue #2 measured
@@ -19,23 +19,35 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from conductor.errors import ConductorError
+
 __all__ = ["quiet_prefect_shutdown", "silence_stderr_at_exit"]
 
 _CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
 
 
-class _DropCancelled(logging.Filter):
+class _QuietFilter(logging.Filter):
+    """Drops cancellation noise; keeps our own errors to their one-line message.
+
+    A ``ConductorError`` (a failed worker call, a bad plan) is already one precise line;
+    its traceback is engine internals. Prefect's API log handler sees the record first
+    (it sits lower in the logger tree), so the server-side log keeps the traceback.
+    """
+
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, _CANCELLED):
             return False
+        if isinstance(exc, ConductorError):
+            record.exc_info = None
+            record.exc_text = None
         return "CancelledError" not in record.getMessage()
 
 
 @contextmanager
 def quiet_prefect_shutdown() -> Iterator[None]:
     """Drop cancellation tracebacks from every handler of the root and Prefect loggers."""
-    flt = _DropCancelled()
+    flt = _QuietFilter()
     loggers = [
         logging.getLogger(),
         logging.getLogger("prefect"),

@@ -1,0 +1,157 @@
+"""The ``conductor`` command as a user runs it: a subprocess, exit codes, stdout vs stderr.
+
+Workers are litellm models answered by litellm's own ``mock_response``, so nothing leaves the
+machine and no key is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+PLAN = "model_id = [0, 0]\nsubtasks = ['think', 'answer']\naccess_list = [[], [0]]"
+RUN_KEYS = {"run_id", "status", "answer", "workflow", "input_tokens", "output_tokens", "cost_usd", "wall_s", "artifacts"}
+
+
+def conductor(*args: str, cwd: Path, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CONDUCTOR_HOME": str(cwd / "home")}
+    env.pop("PREFECT_API_URL", None)  # the CLI uses its own ephemeral server here
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_pool(tmp_path: Path, worker_response: str, conductor_response: str = PLAN) -> Path:
+    pool = {
+        "conductor": {"model": "openai/gpt-4o-mini", "params": {"mock_response": conductor_response}},
+        "workers": [
+            {"name": "gpt", "model": "openai/gpt-4o-mini", "retries": 0, "params": {"mock_response": worker_response}},
+        ],
+    }
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool))
+    return path
+
+
+def assert_clean(stderr: str) -> None:
+    assert "Traceback" not in stderr
+    assert "CancelledError" not in stderr
+    assert "database is locked" not in stderr
+
+
+def test_run_json_prints_one_object_and_no_noise(tmp_path):
+    pool = write_pool(tmp_path, "42")
+    proc = conductor("run", "What is 17 + 25?", "--pool", str(pool), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)  # exactly one JSON document on stdout
+    assert proc.stdout.strip().count("\n") == 0
+    assert RUN_KEYS <= set(data)
+    assert data["status"] == "completed" and data["answer"] == "42"
+    assert [s["instruction"] for s in data["workflow"]] == ["think", "answer"]
+    assert data["cost_usd"] > 0  # priced from litellm's map for gpt-4o-mini
+    assert Path(data["artifacts"]).is_dir()
+    assert "step-0 · gpt" in proc.stderr  # progress goes to stderr
+    assert_clean(proc.stderr)
+    summary = conductor("artifacts", "--json", cwd=tmp_path)
+    assert summary.returncode == 0, summary.stderr
+    s = json.loads(summary.stdout)
+    assert s["runs"] == 1 and s["steps"] == 2 and s["failed_steps"] == 0
+    assert s["input_tokens"] == data["input_tokens"]
+
+
+def test_failing_worker_exits_non_zero_with_the_reason(tmp_path):
+    pool = write_pool(tmp_path, "litellm.ContextWindowExceededError")
+    proc = conductor("run", "Q?", "--pool", str(pool), cwd=tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: step 0 (gpt) failed: openai/gpt-4o-mini: ContextWindowExceededError")
+    assert "Traceback" not in proc.stderr
+    steps = conductor("artifacts", "--json", cwd=tmp_path)
+    s = json.loads(steps.stdout)
+    assert s["failed_runs"] == 1 and s["failed_steps"] == 1 and s["skipped_steps"] == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], [1]]", "error: step 1 reads itself"),
+        ("no plan here", "error: no plan found"),
+        ("model_id = [" * 5000, "error: "),
+    ],
+)
+def test_validate_rejects_with_one_line(tmp_path, text, message):
+    f = tmp_path / "plan.txt"
+    f.write_text(text)
+    proc = conductor("validate", str(f), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith(message)
+
+
+def test_validate_reads_stdin_and_prints_the_plan(tmp_path):
+    proc = conductor("validate", "-", cwd=tmp_path, stdin="Reasoning...\n" + PLAN, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["steps"][1] == {"index": 1, "worker": "smol", "instruction": "answer", "access": [0]}
+
+
+def test_validate_applies_the_pool(tmp_path):
+    pool = write_pool(tmp_path, "x")
+    proc = conductor("validate", "-", "--pool", str(pool), cwd=tmp_path, stdin="model_id=[3]\nsubtasks=['a']\naccess_list=[[]]", timeout=60)
+    assert proc.returncode == 2
+    assert "worker 3 does not exist" in proc.stderr
+
+
+def test_plan_prints_the_validated_plan_without_running(tmp_path):
+    pool = write_pool(tmp_path, "x")
+    proc = conductor("plan", "Q?", "--pool", str(pool), "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [s["worker"] for s in json.loads(proc.stdout)["steps"]] == ["gpt", "gpt"]
+    assert not (tmp_path / "home" / "artifacts").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("conductor: {model: x}\nworkers: []\n", "workers: Tuple should have at least 1 item"),
+        ("conductor: {model: x}\nworkers:\n  - {name: a}\n", "workers[0]: worker 'a' of kind 'llm' needs a model"),
+        ("conductor: {model: x}\nworkers:\n  - {name: a, model: m, params: {api_key: sk-1}}\n", "'api_key' must not be written in the pool file"),
+        ("conductor: {model: x}\nworkers: [\n", "invalid YAML at line"),
+        ("conductor: {model: x}\ndefault_worker: b\nworkers:\n  - {name: a, model: m}\n", "default_worker 'b' is not a worker"),
+    ],
+)
+def test_bad_pool_file_is_one_line_naming_file_and_field(tmp_path, content, expected):
+    pool = tmp_path / "bad.yaml"
+    pool.write_text(content)
+    proc = conductor("run", "Q?", "--pool", str(pool), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert line.count("\n") == 0, line
+    assert line.startswith(f"error: {pool}: ") and expected in line
+    assert "sk-1" not in line
+
+
+def test_missing_pool_file(tmp_path):
+    proc = conductor("plan", "Q?", "--pool", str(tmp_path / "nope.yaml"), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "pool file not found" in proc.stderr
+
+
+def test_artifacts_path_and_compact(tmp_path):
+    proc = conductor("artifacts", "--path", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == str(tmp_path / "home" / "artifacts")
+    compact = conductor("artifacts", "compact", "--json", cwd=tmp_path, timeout=60)
+    assert compact.returncode == 0, compact.stderr
+    json.loads(compact.stdout)
