@@ -1,4 +1,4 @@
-"""Rows of the intermediate-artifact dataset: one ``RunRecord`` per run, one ``StepRecord`` per step.
+"""Rows of the intermediate-artifact dataset: a ``RunRecord`` per run, a ``StepRecord`` per step.
 
 The Arrow schemas are the contract of the Parquet tables ``runs`` and ``steps``. OrchRM builds
 its pairs from these rows (arXiv 2606.13598), so columns are added, never renamed.

@@ -79,9 +79,8 @@ def run(
     except ValidationError as exc:
         err = exc.errors()[0]
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
-    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
-
     from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
+    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
 
     with quiet_prefect_shutdown():
         state = orchestrate(request, return_state=True)

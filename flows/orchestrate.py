@@ -119,9 +119,7 @@ def execute(
         instructions = [workflow.steps[j].instruction for j in step.access]
         worker = pool.worker(step.worker)
         if worker.kind == "conductor":
-            submit = conductor_step.with_options(
-                task_run_name=step_run_name(step, depth)
-            )
+            submit = conductor_step.with_options(task_run_name=step_run_name(step, depth))
             futures[step.index] = submit.submit(
                 step, visible, instructions, pool, workflow, ids, depth
             )

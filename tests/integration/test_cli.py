@@ -16,10 +16,22 @@ import pytest
 import yaml
 
 PLAN = "model_id = [0, 0]\nsubtasks = ['think', 'answer']\naccess_list = [[], [0]]"
-RUN_KEYS = {"run_id", "status", "answer", "workflow", "input_tokens", "output_tokens", "cost_usd", "wall_s", "artifacts"}
+RUN_KEYS = {
+    "run_id",
+    "status",
+    "answer",
+    "workflow",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "wall_s",
+    "artifacts",
+}
 
 
-def conductor(*args: str, cwd: Path, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def conductor(
+    *args: str, cwd: Path, stdin: str | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "CONDUCTOR_HOME": str(cwd / "home")}
     env.pop("PREFECT_API_URL", None)  # the CLI uses its own ephemeral server here
     return subprocess.run(
@@ -35,9 +47,17 @@ def conductor(*args: str, cwd: Path, stdin: str | None = None, timeout: int = 30
 
 def write_pool(tmp_path: Path, worker_response: str, conductor_response: str = PLAN) -> Path:
     pool = {
-        "conductor": {"model": "openai/gpt-4o-mini", "params": {"mock_response": conductor_response}},
+        "conductor": {
+            "model": "openai/gpt-4o-mini",
+            "params": {"mock_response": conductor_response},
+        },
         "workers": [
-            {"name": "gpt", "model": "openai/gpt-4o-mini", "retries": 0, "params": {"mock_response": worker_response}},
+            {
+                "name": "gpt",
+                "model": "openai/gpt-4o-mini",
+                "retries": 0,
+                "params": {"mock_response": worker_response},
+            },
         ],
     }
     path = tmp_path / "pool.yaml"
@@ -76,7 +96,9 @@ def test_failing_worker_exits_non_zero_with_the_reason(tmp_path):
     proc = conductor("run", "Q?", "--pool", str(pool), cwd=tmp_path)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: step 0 (gpt) failed: openai/gpt-4o-mini: ContextWindowExceededError")
+    assert last.startswith(
+        "error: step 0 (gpt) failed: openai/gpt-4o-mini: ContextWindowExceededError"
+    )
     assert "Traceback" not in proc.stderr
     steps = conductor("artifacts", "--json", cwd=tmp_path)
     s = json.loads(steps.stdout)
@@ -86,7 +108,10 @@ def test_failing_worker_exits_non_zero_with_the_reason(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], [1]]", "error: step 1 reads itself"),
+        (
+            "model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], [1]]",
+            "error: step 1 reads itself",
+        ),
         ("no plan here", "error: no plan found"),
         ("model_id = [" * 5000, "error: "),
     ],
@@ -104,12 +129,25 @@ def test_validate_reads_stdin_and_prints_the_plan(tmp_path):
     proc = conductor("validate", "-", cwd=tmp_path, stdin="Reasoning...\n" + PLAN, timeout=60)
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    assert plan["steps"][1] == {"index": 1, "worker": "smol", "instruction": "answer", "access": [0]}
+    assert plan["steps"][1] == {
+        "index": 1,
+        "worker": "smol",
+        "instruction": "answer",
+        "access": [0],
+    }
 
 
 def test_validate_applies_the_pool(tmp_path):
     pool = write_pool(tmp_path, "x")
-    proc = conductor("validate", "-", "--pool", str(pool), cwd=tmp_path, stdin="model_id=[3]\nsubtasks=['a']\naccess_list=[[]]", timeout=60)
+    proc = conductor(
+        "validate",
+        "-",
+        "--pool",
+        str(pool),
+        cwd=tmp_path,
+        stdin="model_id=[3]\nsubtasks=['a']\naccess_list=[[]]",
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "worker 3 does not exist" in proc.stderr
 
@@ -126,10 +164,19 @@ def test_plan_prints_the_validated_plan_without_running(tmp_path):
     ("content", "expected"),
     [
         ("conductor: {model: x}\nworkers: []\n", "workers: Tuple should have at least 1 item"),
-        ("conductor: {model: x}\nworkers:\n  - {name: a}\n", "workers[0]: worker 'a' of kind 'llm' needs a model"),
-        ("conductor: {model: x}\nworkers:\n  - {name: a, model: m, params: {api_key: sk-1}}\n", "'api_key' must not be written in the pool file"),
+        (
+            "conductor: {model: x}\nworkers:\n  - {name: a}\n",
+            "workers[0]: worker 'a' of kind 'llm' needs a model",
+        ),
+        (
+            "conductor: {model: x}\nworkers:\n  - {name: a, model: m, params: {api_key: sk-1}}\n",
+            "'api_key' must not be written in the pool file",
+        ),
         ("conductor: {model: x}\nworkers: [\n", "invalid YAML at line"),
-        ("conductor: {model: x}\ndefault_worker: b\nworkers:\n  - {name: a, model: m}\n", "default_worker 'b' is not a worker"),
+        (
+            "conductor: {model: x}\ndefault_worker: b\nworkers:\n  - {name: a, model: m}\n",
+            "default_worker 'b' is not a worker",
+        ),
     ],
 )
 def test_bad_pool_file_is_one_line_naming_file_and_field(tmp_path, content, expected):

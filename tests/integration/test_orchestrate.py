@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -286,11 +287,16 @@ def test_deterministic_calls_are_cached(tmp_path):
         tmp_path,
         [{"name": "echo", "model": "fake/echo", "cache": True, "params": {"temperature": 0}}],
     )
-    plan = 'model_id=[0]\nsubtasks=["same"]\naccess_list=[[]]'
+    # Prefect keeps cached results across sessions: a fresh subtask per test run.
+    subtask = f"same {uuid.uuid4().hex}"
+    plan = f'model_id=[0]\nsubtasks=["{subtask}"]\naccess_list=[[]]'
     first, _, _ = run("cache me", pool, tmp_path, plan)
     second, _, _ = run("cache me", pool, tmp_path, plan)
-    assert first.answer == second.answer == "echo: same"
+    assert first.answer == second.answer == f"echo: {subtask}"
     assert CALLS["echo"] == 1
+    uncached = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo", "cache": True, "params": {"temperature": 0.7}}])
+    run("cache me", uncached, tmp_path, plan)
+    assert CALLS["echo"] == 2  # sampling calls are never cached
 
 
 def test_cost_uses_pool_prices_and_unknown_price_is_null(tmp_path):
