@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["OrchestrateRequest", "RunResult"]
+__all__ = ["EvalRequest", "EvalResult", "OrchestrateRequest", "RunResult"]
 
 
 class OrchestrateRequest(BaseModel):
@@ -70,3 +70,44 @@ class RunResult(BaseModel):
     question_id: str | None = None
     correct: bool | None = Field(default=None, description="Set when a reference was given.")
     reward: float | None = Field(default=None, description="0 / 0.5 / 1 (the Conductor paper).")
+
+
+class EvalRequest(BaseModel):
+    """One strategy on one dataset (``conductor eval``); the parameters of ``evaluate``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field(description="arithmetic, humaneval, or a JSONL/Parquet/CSV file.")
+    split: str = Field(default="test", description="Dataset split.")
+    limit: int | None = Field(default=None, ge=1, description="First N questions only.")
+    strategy: str = Field(
+        default="conductor",
+        description="conductor, single:WORKER, self-consistency:WORKER:K or random-plan.",
+    )
+    concurrency: int = Field(default=4, ge=1, le=64, description="Questions run at once.")
+    pool: str | None = Field(default=None, description="Pool YAML file; empty for the local pool.")
+    seed: int = Field(default=0, description="Seed of generated datasets and random plans.")
+    artifacts: str | None = Field(default=None, description="Dataset root; default under home.")
+
+
+class EvalResult(BaseModel):
+    """What ``conductor eval --json`` prints."""
+
+    model_config = ConfigDict(frozen=True)
+
+    eval_id: str
+    dataset: str
+    split: str
+    strategy: str
+    n: int
+    accuracy: float
+    correct: int
+    failed: int
+    mean_input_tokens: float
+    mean_output_tokens: float
+    mean_cost_usd: float | None
+    wall_s: float
+    format_valid_rate: float | None = Field(description="Conductor strategies only.")
+    mlflow_experiment: str
+    mlflow_run_id: str | None
+    artifacts: str

@@ -121,6 +121,92 @@ def run(
         _fail(result.reason or "the run failed", code=1)
 
 
+@app.command("eval")
+def eval_(
+    dataset: Annotated[
+        str, typer.Option(help="arithmetic, humaneval, or a JSONL/Parquet/CSV file.")
+    ],
+    split: Annotated[str, typer.Option(help="Dataset split.")] = "test",
+    limit: Annotated[Optional[int], typer.Option(help="First N questions only.")] = None,  # noqa: UP045
+    strategy: Annotated[
+        str,
+        typer.Option(help="conductor | single:WORKER | self-consistency:WORKER:K | random-plan"),
+    ] = "conductor",
+    concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of generated data and random plans.")] = 0,
+    pool: PoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a strategy on a dataset; every question is a run, the eval an MLflow run."""
+    from pydantic import ValidationError
+
+    from conductor.datasets import load_dataset
+    from conductor.requests import EvalRequest
+    from conductor.strategies import parse_strategy
+
+    p = _load_pool(pool)
+    parse_strategy(strategy, p)
+    load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
+    try:
+        request = EvalRequest(
+            dataset=dataset,
+            split=split,
+            limit=limit,
+            strategy=strategy,
+            concurrency=concurrency,
+            pool=str(pool) if pool else None,
+            seed=seed,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+    from flows.evaluate import evaluate
+    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
+
+    # Per-question flow logs would bury the progress bar; warnings and errors still show.
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with quiet_prefect_shutdown():
+        state = evaluate(request, return_state=True)
+        result = state.result(raise_on_failure=False)
+    silence_stderr_at_exit()
+    from conductor.requests import EvalResult
+
+    if not isinstance(result, EvalResult):
+        _fail(str(result).strip().splitlines()[0] if result else "the eval crashed", code=1)
+    if as_json:
+        print(result.model_dump_json())
+        return
+    cost = "n/a" if result.mean_cost_usd is None else f"${result.mean_cost_usd:.6f}"
+    fvr = "-" if result.format_valid_rate is None else f"{result.format_valid_rate:.1%}"
+    header = (
+        "strategy",
+        "n",
+        "accuracy",
+        "in tok/q",
+        "out tok/q",
+        "cost/q",
+        "valid plans",
+        "wall s",
+    )
+    row = (
+        result.strategy,
+        result.n,
+        f"{result.accuracy:.1%}",
+        f"{result.mean_input_tokens:.1f}",
+        f"{result.mean_output_tokens:.1f}",
+        cost,
+        fvr,
+        f"{result.wall_s:.1f}",
+    )
+    for cells in (header, row):
+        print(f"{cells[0]:<28}" + "".join(f"{c!s:>12}" for c in cells[1:]))
+    print(
+        f"MLflow: experiment {result.mlflow_experiment!r}, run {result.mlflow_run_id}",
+        file=sys.stderr,
+    )
+
+
 @app.command()
 def plan(
     question: Annotated[str, typer.Argument(help="The question to plan for.")],

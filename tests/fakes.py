@@ -7,6 +7,7 @@ Behaviours, from the model name:
 - ``fake/auth``: always raises ``AuthenticationError``;
 - ``fake/timeout``: always raises ``Timeout``;
 - ``fake/badrequest``: always raises ``BadRequestError``;
+- ``fake/lookup``: answers ``ANSWERS[last user message]`` (or "I don't know");
 - ``fake/plan``: a scripted conductor: answers ``PLANS["nested"]`` to a recursion round
   (its prompt shows an earlier workflow) and ``PLANS["top"]`` otherwise.
 
@@ -28,6 +29,7 @@ from conductor._litellm import litellm
 
 CALLS: Counter[str] = Counter()
 PLANS: dict[str, str] = {"top": "", "nested": ""}
+ANSWERS: dict[str, str] = {}
 _lock = threading.Lock()
 
 
@@ -56,6 +58,8 @@ class FakeLLM(CustomLLM):
         if name == "plan":
             nested = any("An earlier workflow was" in str(m.get("content")) for m in messages)
             return _respond(model, PLANS["nested" if nested else "top"], messages)
+        if name == "lookup":
+            return _respond(model, ANSWERS.get(last, "I don't know"), messages)
         if name == "echo":
             return _respond(model, f"echo: {last}", messages)
         if name.startswith("sleep-"):

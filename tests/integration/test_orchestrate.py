@@ -294,7 +294,10 @@ def test_deterministic_calls_are_cached(tmp_path):
     second, _, _ = run("cache me", pool, tmp_path, plan)
     assert first.answer == second.answer == f"echo: {subtask}"
     assert CALLS["echo"] == 1
-    uncached = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo", "cache": True, "params": {"temperature": 0.7}}])
+    uncached = make_pool(
+        tmp_path,
+        [{"name": "echo", "model": "fake/echo", "cache": True, "params": {"temperature": 0.7}}],
+    )
     run("cache me", uncached, tmp_path, plan)
     assert CALLS["echo"] == 2  # sampling calls are never cached
 

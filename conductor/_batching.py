@@ -1,0 +1,317 @@
+"""Micro-batched generation for a causal LM shared by many threads (issue #3).
+
+:class:`MicroBatcher` gathers concurrent requests; :func:`generate_group` runs one group of
+them as a single left-padded ``model.generate`` call.
+
+Callers block in :meth:`MicroBatcher.submit`. The first caller with no batch running becomes
+the *leader*: it waits a short gather window for other callers, splits what arrived into groups
+of compatible requests (``key``), runs each group with one ``run_group`` call and hands every
+caller its own result through a ``Future``. When the leader's own request is answered it gives
+up the lead, and a caller still waiting takes it over. There is no background thread: nothing
+to start, stop or leak, and an exception surfaces in the thread that asked.
+
+Why the window waits for a *quiet* gap instead of a fixed 5 ms: eight threads calling
+``litellm.completion`` at once reach the provider spread over 30-40 ms on 2 cores (litellm's
+own per-call work holds the GIL), so a fixed 5 ms window would batch only the first two.
+Waiting until no request arrived for ``gather_s`` (capped at ``max_wait_s``) catches them all
+while a lone request pays only ``gather_s``.
+
+Batching does not change greedy output: rows are left-padded, and ``generate`` derives each
+row's position ids from the attention mask, so a row sees the positions and keys it would see
+alone (checked token for token in tests/unit/test_local_model.py, fp32 on CPU; in bf16 on a GPU
+a different batch shape may round differently and flip a near-tie).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+__all__ = [
+    "BatchStats",
+    "Completion",
+    "GenerationRequest",
+    "MicroBatcher",
+    "generate_group",
+    "group_key",
+]
+
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """Counters since the batcher was built; tests read them to see that a batch happened."""
+
+    requests: int = 0  # requests answered
+    groups: int = 0  # run_group calls, i.e. model.generate calls
+    largest: int = 0  # most requests in one run_group call
+
+
+class MicroBatcher(Generic[Req, Res]):
+    """Gathers concurrent ``submit`` calls into grouped ``run_group`` calls. Thread-safe."""
+
+    def __init__(
+        self,
+        run_group: Callable[[list[Req]], list[Res]],
+        key: Callable[[Req], Hashable],
+        *,
+        max_batch: int = 16,
+        gather_s: float = 0.010,
+        max_wait_s: float = 0.050,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if not 0 <= gather_s <= max_wait_s:
+            raise ValueError(f"need 0 <= gather_s <= max_wait_s, got {gather_s}, {max_wait_s}")
+        self._run_group = run_group
+        self._key = key
+        self.max_batch = max_batch
+        self.gather_s = gather_s
+        self.max_wait_s = max_wait_s
+        self._cond = threading.Condition()
+        self._pending: list[tuple[Req, Future[Res]]] = []
+        self._last_arrival = 0.0
+        self._leading = False
+        self._stats = BatchStats()
+
+    @property
+    def stats(self) -> BatchStats:
+        return self._stats
+
+    def submit(self, request: Req) -> Res:
+        """Run ``request`` in the next batch and return its own result (or raise its error)."""
+        future: Future[Res] = Future()
+        with self._cond:
+            self._pending.append((request, future))
+            self._last_arrival = time.monotonic()
+            self._cond.notify_all()  # a leader in its gather window counts the new arrival
+            while not future.done() and self._leading:
+                self._cond.wait()
+            if future.done():
+                return future.result()
+            self._leading = True
+        try:
+            while not future.done():
+                self._run(self._gather())
+        finally:
+            with self._cond:
+                self._leading = False
+                self._cond.notify_all()  # a waiting caller becomes the next leader
+        return future.result()
+
+    def _gather(self) -> list[tuple[Req, Future[Res]]]:
+        """Wait for a full batch, a quiet ``gather_s`` or ``max_wait_s``; take up to a batch."""
+        with self._cond:
+            deadline = time.monotonic() + self.max_wait_s
+            while len(self._pending) < self.max_batch:
+                now = time.monotonic()
+                quiet_until = min(self._last_arrival + self.gather_s, deadline)
+                if now >= quiet_until:
+                    break
+                self._cond.wait(quiet_until - now)
+            taken = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            return taken
+
+    def _run(self, batch: list[tuple[Req, Future[Res]]]) -> None:
+        groups: dict[Hashable, list[tuple[Req, Future[Res]]]] = {}
+        for item in batch:
+            groups.setdefault(self._key(item[0]), []).append(item)
+        try:
+            for members in groups.values():
+                self._run_one(members)
+        finally:
+            # Even on KeyboardInterrupt no caller may wait forever on a future nobody sets.
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(RuntimeError("the batch leader stopped before this ran"))
+            with self._cond:
+                self._cond.notify_all()
+
+    def _run_one(self, members: list[tuple[Req, Future[Res]]]) -> None:
+        try:
+            results = self._run_group([request for request, _ in members])
+            if len(results) != len(members):
+                raise RuntimeError(
+                    f"run_group returned {len(results)} results for {len(members)} requests"
+                )
+        except Exception as exc:  # the group's callers each get the error; others still run
+            self._count(len(members))
+            for _, future in members:
+                future.set_exception(exc)
+        else:
+            self._count(len(members))  # before any caller returns and reads the stats
+            for (_, future), result in zip(members, results, strict=True):
+                future.set_result(result)
+
+    def _count(self, size: int) -> None:
+        with self._cond:
+            s = self._stats
+            self._stats = BatchStats(s.requests + size, s.groups + 1, max(s.largest, size))
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens reached)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, see group_key
+class GenerationRequest:
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    temperature: float
+    top_p: float | None
+    stop: tuple[str, ...]
+    seed: int | None
+    min_tokens: int
+
+
+def group_key(request: GenerationRequest) -> Hashable:
+    """Requests that may share one ``generate`` call: same sampling, no seed."""
+    if request.seed is not None:
+        return request  # its own group, so torch.manual_seed(seed) replays it exactly
+    if request.temperature <= 0:
+        return "greedy"  # temperature and top_p play no part in greedy decoding
+    return ("sample", request.temperature, request.top_p)
+
+
+class _RowEnds(StoppingCriteria):
+    """Ends each row at its own max_tokens, EOS or stop string; records where.
+
+    generate's ``max_new_tokens`` and ``stop_strings`` apply to the whole batch, so the batch
+    runs to the group's largest max_tokens and this criterion retires rows one by one
+    (generate pads retired rows and stops when all are retired).
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, width: int, requests: list[GenerationRequest]
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.width = width  # padded prompt length: new tokens start at this column
+        self.requests = requests
+        self.ends: list[int | None] = [None] * len(requests)  # new tokens kept per row
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        generated = input_ids.shape[1] - self.width
+        last = input_ids[:, -1].tolist()
+        for row, request in enumerate(self.requests):
+            if self.ends[row] is None and (
+                generated >= request.max_tokens
+                or last[row] == self.tokenizer.eos_token_id
+                or self._stopped(row, input_ids, request.stop)
+            ):
+                self.ends[row] = generated
+        done = [end is not None for end in self.ends]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+    def _stopped(self, row: int, input_ids: torch.LongTensor, stop: tuple[str, ...]) -> bool:
+        if not stop:
+            return False
+        text = self.tokenizer.decode(input_ids[row, self.width :], skip_special_tokens=True)
+        return any(s in text for s in stop)
+
+
+class _MinTokens(LogitsProcessor):
+    """Forbids EOS in each row until it has its own ``min_tokens`` (benchmarks, ignore_eos)."""
+
+    def __init__(self, eos_token_id: int, width: int, minimums: list[int]) -> None:
+        self.eos_token_id = eos_token_id
+        self.width = width
+        self.minimums = minimums
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids.shape[1] - self.width
+        rows = [row for row, least in enumerate(self.minimums) if generated < least]
+        if rows:
+            scores = scores.clone()  # type: ignore[assignment]
+            scores[rows, self.eos_token_id] = -float("inf")
+        return scores
+
+
+def generate_group(
+    model: PreTrainedModel, tok: PreTrainedTokenizerBase, requests: list[GenerationRequest]
+) -> list[Completion]:
+    """One ``model.generate`` for requests that share sampling parameters."""
+    # Tokenizing here, in the one thread running the batch: a fast tokenizer shared by
+    # threads can fail with "Already borrowed".
+    prompts = [
+        tok.apply_chat_template(r.messages, add_generation_prompt=True, return_dict=True)[
+            "input_ids"
+        ]
+        for r in requests
+    ]
+    # Left padding by hand (same as padding_side="left", without mutating a tokenizer
+    # other code shares): every row's last prompt token is in the last column.
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    width = max(len(p) for p in prompts)
+    device = model.device
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+
+    first = requests[0]
+    do_sample = first.temperature > 0  # temperature 0 means greedy, hence deterministic
+    config = GenerationConfig(
+        max_new_tokens=max(r.max_tokens for r in requests),
+        do_sample=do_sample,
+        temperature=first.temperature if do_sample else None,
+        top_p=first.top_p if do_sample else None,
+        top_k=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=pad,
+    )
+    ends = _RowEnds(tok, width, requests)
+    processors = LogitsProcessorList()
+    if any(r.min_tokens for r in requests):
+        processors.append(_MinTokens(tok.eos_token_id, width, [r.min_tokens for r in requests]))
+    with torch.inference_mode():
+        if first.seed is not None:  # a seeded request is alone in its group
+            torch.manual_seed(first.seed)
+        out = model.generate(
+            input_ids,
+            attention_mask=mask,
+            generation_config=config,
+            stopping_criteria=StoppingCriteriaList([ends]),
+            logits_processor=processors,
+        )
+    new = out[:, width:].tolist()  # [rows][group max_tokens or fewer]
+    return [
+        _completion(tok, r, len(p), row[: end if end is not None else len(row)])
+        for r, p, row, end in zip(requests, prompts, new, ends.ends, strict=True)
+    ]
+
+
+def _completion(
+    tok: PreTrainedTokenizerBase, request: GenerationRequest, prompt_tokens: int, new_ids: list[int]
+) -> Completion:
+    text = tok.decode(new_ids, skip_special_tokens=True)
+    cut = min((i for i in (text.find(s) for s in request.stop) if i >= 0), default=-1)
+    if cut >= 0:
+        text = text[:cut]
+    hit_eos = bool(new_ids) and new_ids[-1] == tok.eos_token_id
+    stopped = cut >= 0 or hit_eos or len(new_ids) < request.max_tokens
+    return Completion(
+        text=text,
+        prompt_tokens=prompt_tokens,  # its own, unpadded
+        completion_tokens=len(new_ids),  # up to its own stop, EOS or max_tokens
+        finish_reason="stop" if stopped else "length",
+    )

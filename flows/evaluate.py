@@ -1,0 +1,157 @@
+"""The ``evaluate`` flow: one strategy over a dataset, every question a tracked run.
+
+Each question runs as an ``orchestrate`` subflow (so it shows in the Prefect UI and lands in
+the artifact store, tagged with the eval id and strategy), at most ``concurrency`` at once.
+The eval as a whole is one MLflow run in experiment ``eval/<dataset>``, so the paper's
+comparisons (conductor, single worker, self-consistency, random plan; arXiv 2512.04388 §5)
+sit side by side in the MLflow UI.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from conductor.datasets import Example, load_dataset
+from conductor.home import artifacts_location
+from conductor.pool import load_pool
+from conductor.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
+from conductor.strategies import parse_strategy
+from flows.orchestrate import orchestrate
+from tasks.tracking import log_eval
+
+__all__ = ["evaluate"]
+
+
+@task(name="question", task_run_name="question {request.question_id}")
+def run_question(request: OrchestrateRequest) -> RunResult:
+    """One question through the orchestrate subflow; a failed run still returns its result."""
+    state = orchestrate(request, return_state=True)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, RunResult):
+        return result
+    raise RuntimeError(f"question {request.question_id}: {result}")
+
+
+def _request(ex: Example, req: EvalRequest, eval_id: str, strategy: str) -> OrchestrateRequest:
+    return OrchestrateRequest(
+        question=ex.question,
+        pool=req.pool,
+        strategy=strategy,
+        seed=req.seed,
+        question_id=ex.id,
+        reference=ex.reference,
+        kind=ex.kind,
+        meta=ex.meta,
+        tags={"eval_id": eval_id, "dataset": req.dataset, "split": req.split},
+        artifacts=req.artifacts,
+    )
+
+
+def _mean(values: list[float | int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    if len(known) < len(values) or not values:
+        return None
+    return sum(known) / len(known)
+
+
+@flow(name="evaluate", task_runner=ThreadPoolTaskRunner(64), log_prints=False)
+def evaluate(request: EvalRequest) -> EvalResult:
+    """Run ``request.strategy`` on every question of the dataset; track it in MLflow."""
+    started = time.perf_counter()
+    pool = load_pool(request.pool)
+    strategy = str(parse_strategy(request.strategy, pool))
+    examples = load_dataset(
+        request.dataset, split=request.split, limit=request.limit, seed=request.seed
+    )
+    eval_id = str(flow_run.id or time.time_ns())
+
+    from tqdm import tqdm  # a progress bar on stderr, also readable in worker logs
+
+    gate = threading.Semaphore(request.concurrency)
+    bar = tqdm(total=len(examples), file=sys.stderr, desc=f"eval {strategy}", unit="q")
+    futures = []
+    for ex in examples:
+        gate.acquire()
+        future = run_question.submit(_request(ex, request, eval_id, strategy))
+        future.add_done_callback(lambda _f: (gate.release(), bar.update(1)))
+        futures.append(future)
+    results: list[RunResult | None] = []
+    for future in futures:
+        outcome = future.result(raise_on_failure=False)
+        results.append(outcome if isinstance(outcome, RunResult) else None)
+    bar.close()
+
+    rows = []
+    for ex, r in zip(examples, results, strict=True):
+        rows.append(
+            {
+                "question_id": ex.id,
+                "question": ex.question,
+                "reference": ex.reference,
+                "answer": r.answer if r else None,
+                "correct": bool(r and r.correct),
+                "reward": r.reward if r else None,
+                "status": r.status if r else "crashed",
+                "format_valid": r.format_valid if r else False,
+                "input_tokens": r.input_tokens if r else 0,
+                "output_tokens": r.output_tokens if r else 0,
+                "cost_usd": r.cost_usd if r else None,
+                "run_id": r.run_id if r else None,
+            }
+        )
+    n = len(rows)
+    correct = sum(r["correct"] for r in rows)
+    metrics = {
+        "accuracy": correct / n if n else 0.0,
+        "mean_input_tokens": sum(r["input_tokens"] for r in rows) / n if n else 0.0,
+        "mean_output_tokens": sum(r["output_tokens"] for r in rows) / n if n else 0.0,
+        "mean_cost_usd": _mean([r["cost_usd"] for r in rows]),
+        "failed": sum(r["status"] != "completed" for r in rows),
+        "format_valid_rate": (
+            sum(r["format_valid"] for r in rows) / n if n and strategy == "conductor" else None
+        ),
+    }
+    metrics["wall_s"] = time.perf_counter() - started
+    dataset_name = Path(request.dataset).stem if Path(request.dataset).suffix else request.dataset
+    experiment = f"eval/{dataset_name}"
+    mlflow_run_id = log_eval(
+        experiment,
+        strategy,
+        params={
+            "pool": request.pool or "embedded:local",
+            "strategy": strategy,
+            "dataset": request.dataset,
+            "split": request.split,
+            "limit": request.limit,
+            "concurrency": request.concurrency,
+            "seed": request.seed,
+        },
+        metrics=metrics,
+        rows=rows,
+        tags={"eval_id": eval_id},
+    )
+    return EvalResult(
+        eval_id=eval_id,
+        dataset=request.dataset,
+        split=request.split,
+        strategy=strategy,
+        n=n,
+        correct=correct,
+        accuracy=metrics["accuracy"],
+        failed=metrics["failed"],
+        mean_input_tokens=metrics["mean_input_tokens"],
+        mean_output_tokens=metrics["mean_output_tokens"],
+        mean_cost_usd=metrics["mean_cost_usd"],
+        wall_s=round(time.perf_counter() - started, 3),
+        format_valid_rate=metrics["format_valid_rate"],
+        mlflow_experiment=experiment,
+        mlflow_run_id=mlflow_run_id,
+        artifacts=request.artifacts or artifacts_location(),
+    )

@@ -1,0 +1,134 @@
+"""``evaluate``: a small dataset end to end, with fake workers, artifacts and MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conductor.requests import EvalRequest
+from conductor.store import ArtifactStore
+from tests.fakes import ANSWERS, PLANS
+
+pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
+
+QUESTIONS = {
+    "What is 2 + 3?": "5",
+    "What is 10 - 4?": "6",
+    "What is 7 * 6?": "42",
+    "What is 9 + 9?": "18",
+}
+
+
+@pytest.fixture()
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = tmp_path / "mini.jsonl"
+    data.write_text(
+        "\n".join(
+            json.dumps({"id": f"q{i}", "question": q, "reference": a, "kind": "math"})
+            for i, (q, a) in enumerate(QUESTIONS.items())
+        )
+    )
+    ANSWERS.clear()
+    ANSWERS.update({q: f"The answer is {a}." for q, a in QUESTIONS.items()})
+    ANSWERS["What is 9 + 9?"] = "The answer is 17."  # one wrong answer
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        yaml.safe_dump(
+            {
+                "conductor": {"model": "fake/plan"},
+                "workers": [
+                    {
+                        "name": "oracle",
+                        "model": "fake/lookup",
+                        "input_cost_per_token": 0.0,
+                        "output_cost_per_token": 0.0,
+                    },
+                    {"name": "echo", "model": "fake/echo"},
+                ],
+            }
+        )
+    )
+    return data, pool, tmp_path
+
+
+def _eval(data, pool, tmp_path, strategy):
+    from flows.evaluate import evaluate
+
+    return evaluate(
+        EvalRequest(
+            dataset=str(data),
+            strategy=strategy,
+            pool=str(pool),
+            concurrency=2,
+            artifacts=str(tmp_path / "art"),
+        )
+    )
+
+
+def test_single_worker_eval_scores_stores_and_tracks(setup):
+    data, pool, tmp_path = setup
+    result = _eval(data, pool, tmp_path, "single:oracle")
+    assert result.n == 4 and result.correct == 3 and result.accuracy == pytest.approx(0.75)
+    assert result.failed == 0 and result.format_valid_rate is None
+    assert result.mean_cost_usd == 0.0 and result.mean_output_tokens > 0
+
+    runs = ArtifactStore(str(tmp_path / "art")).read_pandas("runs")
+    assert len(runs) == 4
+    assert set(runs["reference"]) == set(QUESTIONS.values())
+    assert sorted(runs["correct"]) == [False, True, True, True]
+    assert sorted(runs["reward"]) == [0.5, 1.0, 1.0, 1.0]
+    tags = [dict(t) for t in runs["tags"]]
+    assert {t["eval_id"] for t in tags} == {result.eval_id}
+    assert {t["strategy"] for t in tags} == {"single:oracle"}
+
+    import mlflow
+
+    assert (tmp_path / "home" / "mlflow.db").exists()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    run = mlflow.get_run(result.mlflow_run_id)
+    assert run.data.metrics["accuracy"] == pytest.approx(0.75)
+    assert run.data.params["strategy"] == "single:oracle"
+    assert run.data.params["dataset"] == str(data)
+    table = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/results.json")
+    rows = [dict(zip(table["columns"], row, strict=False)) for row in table["data"]]
+    assert len(rows) == 4 and sum(r["correct"] for r in rows) == 3
+    assert {r["question_id"] for r in rows} == {"q0", "q1", "q2", "q3"}
+
+
+def test_strategies_share_one_experiment_and_conductor_reports_format_validity(setup):
+    data, pool, tmp_path = setup
+    PLANS["top"] = "not a plan"  # the conductor fails to plan: fallback to the default worker
+    conductor = _eval(data, pool, tmp_path, "conductor")
+    assert conductor.format_valid_rate == 0.0
+    assert conductor.accuracy == pytest.approx(0.75)  # fallback ran on oracle, the first llm
+    sc = _eval(data, pool, tmp_path, "self-consistency:oracle:3")
+    assert sc.accuracy == pytest.approx(0.75)
+    rnd = _eval(data, pool, tmp_path, "random-plan")
+    assert rnd.n == 4 and rnd.format_valid_rate is None
+    assert (
+        conductor.mlflow_experiment == sc.mlflow_experiment == rnd.mlflow_experiment == "eval/mini"
+    )
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["eval/mini"])
+    assert sorted(runs["params.strategy"]) == [
+        "conductor",
+        "random-plan",
+        "self-consistency:oracle:3",
+    ]
+    steps = ArtifactStore(str(tmp_path / "art")).read_pandas("steps")
+    sc_runs = {
+        r
+        for r, t in zip(
+            ArtifactStore(str(tmp_path / "art")).read_pandas("runs")["run_id"],
+            ArtifactStore(str(tmp_path / "art")).read_pandas("runs")["tags"], strict=False,
+        )
+        if dict(t)["strategy"].startswith("self")
+    }
+    assert (steps[steps["run_id"].isin(sc_runs)].groupby("run_id").size() == 3).all()
