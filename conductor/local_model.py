@@ -339,6 +339,8 @@ class LocalLLM(CustomLLM):
         params = optional_params
         stop = params.get("stop")
         max_tokens = int(params.get("max_tokens") or params.get("max_completion_tokens") or 256)
+        # vLLM's names; ignore_eos makes exactly max_tokens new tokens, as benchmarks want.
+        min_tokens = max_tokens if params.get("ignore_eos") else int(params.get("min_tokens") or 0)
         try:
             result = LocalModelRegistry.get(model).generate(
                 _text_messages(messages),
@@ -347,10 +349,7 @@ class LocalLLM(CustomLLM):
                 top_p=params.get("top_p"),
                 stop=[stop] if isinstance(stop, str) else stop,
                 seed=params.get("seed"),
-                # vLLM's names: exactly max_tokens new tokens, as benchmarks want.
-                min_tokens=max_tokens
-                if params.get("ignore_eos")
-                else int(params.get("min_tokens") or 0),
+                min_tokens=min_tokens,
             )
         except WorkerError:
             raise

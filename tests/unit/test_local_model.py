@@ -8,6 +8,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncio
 import importlib.util
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from conductor import local_model
+from conductor._batching import GenerationRequest, MicroBatcher, group_key
 from conductor.errors import WorkerError
 from conductor.local_model import (
     SMOLLM2,
@@ -137,6 +139,227 @@ def test_two_threads_at_once_both_get_the_answer(tiny: LocalModel) -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
         responses = list(pool.map(lambda _: ask(), range(2)))
     assert [r.choices[0].message.content for r in responses] == [expected, expected]
+
+
+# --- micro-batching (issue #3) ---------------------------------------------------------------
+
+QUESTIONS = [
+    "Name a prime number.",
+    "What is the capital of France? Answer in one long sentence please.",
+    "Hi",
+    "Write a haiku about the sea and the wind and the moon.",
+    "2+2?",
+    "List three colours.",
+    "Explain gravity to a child in simple words.",
+    "Say hello.",
+]
+MAX_TOKENS = [12, 20, 5, 16, 9, 24, 7, 14]
+BATCHED = "tiny-batched"
+
+
+@pytest.fixture
+def batched(tokenizer: PreTrainedTokenizerBase):
+    """The tiny model with a wide gather window, so a loaded machine still forms one batch."""
+    register()
+    served = LocalModelRegistry.put(
+        BATCHED, tiny_model(len(tokenizer)), tokenizer, gather_s=0.3, max_wait_s=3.0
+    )
+    yield served
+    LocalModelRegistry.remove(BATCHED)
+
+
+def at_once(call, n: int) -> list:
+    """``call(i)`` for i < n from n threads released together, results in order of i."""
+    barrier = threading.Barrier(n)
+
+    def run(i: int):
+        barrier.wait()
+        return call(i)
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+def user(question: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question}]
+
+
+def as_tuple(response: litellm.ModelResponse) -> tuple[str, str, int, int]:
+    """(text, finish_reason, prompt_tokens, completion_tokens)."""
+    choice, usage = response.choices[0], response.usage
+    return (
+        choice.message.content,
+        choice.finish_reason,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
+
+
+def test_concurrent_requests_get_what_they_get_alone(batched: LocalModel, tokenizer) -> None:
+    def call(i: int) -> tuple:
+        response = ask(f"local/{BATCHED}", messages=user(QUESTIONS[i]), max_tokens=MAX_TOKENS[i])
+        return as_tuple(response)
+
+    alone = [call(i) for i in range(8)]
+    assert batched.stats.groups == 8 and batched.stats.largest == 1  # really one at a time
+    together = at_once(call, 8)
+
+    assert together == alone  # text, finish reason and usage, token for token
+    stats = batched.stats
+    assert stats.requests == 16
+    assert stats.groups < 16, "8 concurrent requests should share generate calls"
+    assert stats.largest > 1
+    for i, (_, finish, prompt_tokens, completion_tokens) in enumerate(together):
+        own = tokenizer.apply_chat_template(
+            user(QUESTIONS[i]), add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        assert prompt_tokens == len(own)  # its own length, not the padded width
+        assert completion_tokens <= MAX_TOKENS[i]
+        assert finish == ("length" if completion_tokens == MAX_TOKENS[i] else "stop")
+    assert len({p for _, _, p, _ in together}) > 1, "prompts of one length test no padding"
+
+
+def test_stop_strings_apply_to_their_own_request(batched: LocalModel) -> None:
+    full = [ask(f"local/{BATCHED}", messages=user(q), max_tokens=20) for q in QUESTIONS[:4]]
+    texts = [r.choices[0].message.content for r in full]
+    # Requests 0 and 2 stop at a slice of their own text; 1 and 3 have no stop string.
+    stops = [
+        [t[len(t) // 2 : len(t) // 2 + 3]] if i % 2 == 0 else None for i, t in enumerate(texts)
+    ]
+    assert all(s[0].strip() for s in stops if s), f"pick other slices of {texts!r}"
+
+    def call(i: int) -> litellm.ModelResponse:
+        return ask(f"local/{BATCHED}", messages=user(QUESTIONS[i]), max_tokens=20, stop=stops[i])
+
+    alone = [as_tuple(call(i)) for i in range(4)]
+    responses = at_once(call, 4)
+    assert [as_tuple(r) for r in responses] == alone
+    for i, response in enumerate(responses):
+        text = response.choices[0].message.content
+        if stops[i]:
+            assert text == texts[i][: texts[i].index(stops[i][0])]
+            assert response.choices[0].finish_reason == "stop"
+            assert response.usage.completion_tokens < 20
+        else:
+            assert text == texts[i]
+            assert response.usage.completion_tokens == full[i].usage.completion_tokens
+
+
+def test_seeded_and_sampled_requests_keep_their_own_groups(batched: LocalModel) -> None:
+    def call(i: int) -> str:
+        kwargs = {"temperature": 1.0, "top_p": 0.9, "seed": 11} if i % 2 else {}
+        response = ask(f"local/{BATCHED}", messages=user(QUESTIONS[i]), max_tokens=10, **kwargs)
+        return response.choices[0].message.content
+
+    alone = [call(i) for i in range(6)]
+    assert at_once(call, 6) == alone  # a seeded sample replays exactly, even in company
+
+
+def test_group_key_separates_incompatible_sampling() -> None:
+    def request(**kwargs) -> GenerationRequest:
+        fields = {"messages": MESSAGES, "max_tokens": 8, "temperature": 0.0, "top_p": None}
+        fields.update(stop=(), seed=None, min_tokens=0)
+        return GenerationRequest(**{**fields, **kwargs})
+
+    # Greedy requests share a group whatever their max_tokens, stop and (unused) top_p.
+    assert group_key(request()) == group_key(request(max_tokens=99, stop=("x",), top_p=0.5))
+    assert group_key(request(temperature=0.7)) == group_key(request(temperature=0.7))
+    assert group_key(request(temperature=0.7)) != group_key(request(temperature=0.8))
+    assert group_key(request(temperature=0.7, top_p=0.9)) != group_key(request(temperature=0.7))
+    assert group_key(request()) != group_key(request(temperature=0.7))
+    assert group_key(request(seed=1)) != group_key(request(seed=1))  # each seeded one alone
+
+
+def eager_eos_model(tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
+    """The tiny model, plus a logit bias that makes EOS the greedy choice at every step."""
+    model = tiny_model(len(tokenizer))
+    head = torch.nn.Linear(model.config.hidden_size, len(tokenizer), bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tokenizer.eos_token_id] = 1e4
+    model.lm_head = head
+    return model.eval()
+
+
+def test_eos_ends_a_row_and_min_tokens_holds_it_back(tokenizer) -> None:
+    register()
+    served = LocalModelRegistry.put(
+        "tiny-eos", eager_eos_model(tokenizer), tokenizer, gather_s=0.3, max_wait_s=3.0
+    )
+    try:
+        options = [{}, {"min_tokens": 3}, {"ignore_eos": True}]
+        responses = at_once(lambda i: ask("local/tiny-eos", max_tokens=6, **options[i]), 3)
+    finally:
+        LocalModelRegistry.remove("tiny-eos")
+    plain, held, ignored = (as_tuple(r)[1:] for r in responses)
+    prompt = plain[1]
+    assert plain == ("stop", prompt, 1)  # EOS at once, counted as the one completion token
+    assert held == ("stop", prompt, 4)  # three tokens, then EOS
+    assert ignored == ("length", prompt, 6)  # exactly max_tokens
+    assert responses[0].choices[0].message.content == ""
+    assert served.stats.largest == 3  # the three rows ended at 1, 4 and 6 tokens in one batch
+
+
+def test_concurrent_acompletions_are_batched(batched: LocalModel) -> None:
+    alone = [
+        ask(f"local/{BATCHED}", messages=user(q), max_tokens=8).choices[0].message.content
+        for q in QUESTIONS[:4]
+    ]
+    before = batched.stats.groups
+
+    async def calls() -> list[litellm.ModelResponse]:
+        return await asyncio.gather(
+            *(
+                litellm.acompletion(
+                    model=f"local/{BATCHED}", messages=user(q), max_tokens=8, temperature=0
+                )
+                for q in QUESTIONS[:4]
+            )
+        )
+
+    responses = asyncio.run(calls())
+    assert [r.choices[0].message.content for r in responses] == alone
+    assert batched.stats.groups - before < 4
+
+
+def test_batcher_hands_each_caller_its_result_or_its_group_error() -> None:
+    sizes: list[int] = []
+
+    def run_group(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        if items[0] < 0:
+            raise ValueError(f"negative group {items}")
+        return [item * 10 for item in items]
+
+    batcher = MicroBatcher(run_group, key=lambda item: item < 0, gather_s=0.3, max_wait_s=3.0)
+    items = [1, 2, -3, 4, -5, 6]
+
+    def call(i: int):
+        try:
+            return batcher.submit(items[i])
+        except ValueError as exc:
+            return str(exc)
+
+    results = at_once(call, len(items))
+    assert [results[i] for i in (0, 1, 3, 5)] == [10, 20, 40, 60]
+    assert "negative group" in results[2] and "-3" in results[2]
+    assert "negative group" in results[4] and "-5" in results[4]
+    assert sum(sizes) == 6 and len(sizes) < 6
+    assert batcher.stats.requests == 6 and batcher.stats.largest == max(sizes)
+    assert batcher.submit(7) == 70  # the lead was handed back after the error
+
+
+def test_batcher_never_exceeds_max_batch() -> None:
+    sizes: list[int] = []
+
+    def run_group(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        return items
+
+    batcher = MicroBatcher(run_group, key=lambda _: 0, max_batch=3, gather_s=0.2, max_wait_s=2.0)
+    assert at_once(batcher.submit, 7) == list(range(7))
+    assert max(sizes) <= 3 and sum(sizes) == 7
 
 
 def test_register_is_idempotent() -> None:
