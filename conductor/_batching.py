@@ -142,8 +142,6 @@ class MicroBatcher(Generic[Req, Res]):
             for _, future in batch:
                 if not future.done():
                     future.set_exception(RuntimeError("the batch leader stopped before this ran"))
-            with self._cond:
-                self._cond.notify_all()
 
     def _run_one(self, members: list[tuple[Req, Future[Res]]]) -> None:
         try:
@@ -160,6 +158,8 @@ class MicroBatcher(Generic[Req, Res]):
             self._count(len(members))  # before any caller returns and reads the stats
             for (_, future), result in zip(members, results, strict=True):
                 future.set_result(result)
+        with self._cond:
+            self._cond.notify_all()  # this group's callers return before later groups run
 
     def _count(self, size: int) -> None:
         with self._cond:

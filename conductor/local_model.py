@@ -11,8 +11,8 @@ takes that copy when the checksum matches and rebuilds it otherwise.
 Each model is loaded once per process, on first use, and shared by all threads. Concurrent
 requests to one model are micro-batched (issue #3): gathered for a few milliseconds, grouped by
 sampling parameters and run as one left-padded ``generate`` call, each request ending at its
-own ``max_tokens``, EOS or stop string. On 2 CPU cores eight batched streams give about four
-times the tokens per second of one; ``benchmarks/local_inference.py`` measures it.
+own ``max_tokens``, EOS or stop string. On 2 shared CPU cores eight concurrent requests gave
+3.1x the tokens per second of one request (``benchmarks/local_inference.py``).
 
 Optional params beyond OpenAI's: ``min_tokens`` and ``ignore_eos`` (as in vLLM).
 """
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from litellm import CustomLLM, ModelResponse
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -52,6 +51,9 @@ from conductor._batching import (
     group_key,
 )
 from conductor._litellm import litellm
+
+CustomLLM = litellm.CustomLLM
+ModelResponse = litellm.ModelResponse
 from conductor.errors import WorkerError
 from conductor.home import models_dir
 

@@ -162,7 +162,7 @@ def batched(tokenizer: PreTrainedTokenizerBase):
     """The tiny model with a wide gather window, so a loaded machine still forms one batch."""
     register()
     served = LocalModelRegistry.put(
-        BATCHED, tiny_model(len(tokenizer)), tokenizer, gather_s=0.3, max_wait_s=3.0
+        BATCHED, tiny_model(len(tokenizer)), tokenizer, gather_s=0.15, max_wait_s=3.0
     )
     yield served
     LocalModelRegistry.remove(BATCHED)
@@ -285,7 +285,7 @@ def eager_eos_model(tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
 def test_eos_ends_a_row_and_min_tokens_holds_it_back(tokenizer) -> None:
     register()
     served = LocalModelRegistry.put(
-        "tiny-eos", eager_eos_model(tokenizer), tokenizer, gather_s=0.3, max_wait_s=3.0
+        "tiny-eos", eager_eos_model(tokenizer), tokenizer, gather_s=0.15, max_wait_s=3.0
     )
     try:
         options = [{}, {"min_tokens": 3}, {"ignore_eos": True}]
@@ -332,7 +332,7 @@ def test_batcher_hands_each_caller_its_result_or_its_group_error() -> None:
             raise ValueError(f"negative group {items}")
         return [item * 10 for item in items]
 
-    batcher = MicroBatcher(run_group, key=lambda item: item < 0, gather_s=0.3, max_wait_s=3.0)
+    batcher = MicroBatcher(run_group, key=lambda item: item < 0, gather_s=0.15, max_wait_s=3.0)
     items = [1, 2, -3, 4, -5, 6]
 
     def call(i: int):
