@@ -51,11 +51,11 @@ from conductor._batching import (
     group_key,
 )
 from conductor._litellm import litellm
+from conductor.errors import WorkerError
+from conductor.home import models_dir
 
 CustomLLM = litellm.CustomLLM
 ModelResponse = litellm.ModelResponse
-from conductor.errors import WorkerError
-from conductor.home import models_dir
 
 __all__ = [
     "SMOLLM2",
