@@ -141,6 +141,16 @@ class Pool(BaseModel):
         known = ", ".join(w.name for w in self.workers)
         raise PoolConfigError(f"unknown worker {name!r} in pool {self.source}; known: {known}")
 
+    def with_sampling(self, name: str, temperature: float) -> Pool:
+        """A copy whose worker ``name`` samples at ``temperature`` if it was greedy."""
+        workers = tuple(
+            w.model_copy(update={"params": {**w.params, "temperature": temperature}})
+            if w.name == name and not w.temperature
+            else w
+            for w in self.workers
+        )
+        return self.model_copy(update={"workers": workers})
+
     def index_of(self, name: str) -> int:
         return [w.name for w in self.workers].index(name)
 

@@ -19,11 +19,22 @@ from conductor.errors import ConductorError
 from conductor.pool import Pool
 from conductor.workflow import Step, Workflow
 
-__all__ = ["Strategy", "parse_strategy", "random_plan", "self_consistency_plan", "majority_vote"]
+__all__ = [
+    "SELF_CONSISTENCY_TEMPERATURE",
+    "Strategy",
+    "parse_strategy",
+    "random_plan",
+    "self_consistency_plan",
+    "majority_vote",
+]
 
 Kind = Literal["conductor", "single", "self-consistency", "random-plan"]
 
 # Subtasks a random plan draws from: generic, so that only the structure is random.
+# Self-consistency needs diverse samples: a greedy worker samples at this temperature
+# (Wang et al. 2023 sample at 0.5-0.7).
+SELF_CONSISTENCY_TEMPERATURE = 0.7
+
 _RANDOM_SUBTASKS = (
     "Solve the question step by step.",
     "Check the work above for mistakes and correct them.",

@@ -33,6 +33,7 @@ from conductor.pool import Pool, load_pool
 from conductor.records import RunRecord, StepRecord
 from conductor.requests import OrchestrateRequest, RunResult
 from conductor.strategies import (
+    SELF_CONSISTENCY_TEMPERATURE,
     Strategy,
     majority_vote,
     parse_strategy,
@@ -319,6 +320,8 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     started = time.perf_counter()
     pool = load_pool(request.pool)
     strategy = parse_strategy(request.strategy, pool)
+    if strategy.kind == "self-consistency":
+        pool = pool.with_sampling(strategy.worker or "", SELF_CONSISTENCY_TEMPERATURE)
     ids = _RunIds(
         run_id=str(flow_run.id or hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32]),
         question_id=request.question_id or _question_id(request.question),
