@@ -81,8 +81,9 @@ def run(
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
     from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
     from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
+    from flows.runtime import local_run_settings
 
-    with quiet_prefect_shutdown():
+    with quiet_prefect_shutdown(), local_run_settings():
         state = orchestrate(request, return_state=True)
         result = state.result(raise_on_failure=False)
     # Everything the user needs is below; what Prefect prints while shutting down is not.
@@ -162,11 +163,12 @@ def eval_(
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
     from flows.evaluate import evaluate
     from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
+    from flows.runtime import local_run_settings
 
     # Per-question flow logs would bury the progress bar; warnings and errors still show.
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    with quiet_prefect_shutdown():
+    with quiet_prefect_shutdown(), local_run_settings():
         state = evaluate(request, return_state=True)
         result = state.result(raise_on_failure=False)
     silence_stderr_at_exit()

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -29,7 +30,7 @@ from tasks.tracking import log_eval
 __all__ = ["evaluate"]
 
 
-@task(name="question", task_run_name="question {request.question_id}")
+@task(cache_policy=NO_CACHE, name="question", task_run_name="question {request.question_id}")
 def run_question(request: OrchestrateRequest) -> RunResult:
     """One question through the orchestrate subflow; a failed run still returns its result."""
     state = orchestrate(request, return_state=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
@@ -186,7 +187,7 @@ def execute(
     return out
 
 
-@task(name="conductor-step")
+@task(cache_policy=NO_CACHE, name="conductor-step")
 def conductor_step(
     step: Step,
     visible: list[StepOutcome],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
 from conductor.records import RunRecord, StepRecord
 from conductor.store import ArtifactStore
@@ -12,7 +13,13 @@ from conductor.workflow import Workflow
 __all__ = ["save_run", "publish_plan", "publish_steps"]
 
 
-@task(name="save-artifacts", task_run_name="save artifacts", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="save-artifacts",
+    task_run_name="save artifacts",
+    retries=2,
+    retry_delay_seconds=1,
+)
 def save_run(run: RunRecord, steps: list[StepRecord], root: str | None = None) -> str:
     """Append one run and its steps to the dataset in a single batch; returns the root."""
     store = ArtifactStore(root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from conductor.llm import Completion, complete
 from conductor.policy import ConductorPolicy, LiteLLMPolicy
@@ -15,7 +16,7 @@ from conductor.workflow import Workflow
 __all__ = ["write_plan", "write_nested_plan"]
 
 
-@task(name="plan", task_run_name="plan · conductor", retries=0)
+@task(cache_policy=NO_CACHE, name="plan", task_run_name="plan · conductor", retries=0)
 def write_plan(
     question: str, pool: Pool, max_steps: int | None = None, policy: ConductorPolicy | None = None
 ) -> Completion:
@@ -23,7 +24,9 @@ def write_plan(
     return (policy or LiteLLMPolicy(max_steps)).write_plan(question, pool)
 
 
-@task(name="plan-nested", task_run_name="plan · conductor (nested)", retries=0)
+@task(
+    cache_policy=NO_CACHE, name="plan-nested", task_run_name="plan · conductor (nested)", retries=0
+)
 def write_nested_plan(
     question: str,
     pool: Pool,

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from conductor.home import conductor_home
 
@@ -38,7 +39,13 @@ def _experiment(mlflow: Any, name: str) -> str:
     return mlflow.create_experiment(name, artifact_location=location)
 
 
-@task(name="log-eval", task_run_name="log eval to MLflow", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="log-eval",
+    task_run_name="log eval to MLflow",
+    retries=2,
+    retry_delay_seconds=1,
+)
 def log_eval(
     experiment: str,
     run_name: str,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from conductor.datasets import Example
 from conductor.verify import reward, verify
@@ -19,7 +20,7 @@ class Verification:
     details: str
 
 
-@task(name="verify", task_run_name="verify answer")
+@task(cache_policy=NO_CACHE, name="verify", task_run_name="verify answer")
 def verify_answer(example: Example, answer: str | None, format_valid: bool) -> Verification:
     """Run the verifier of ``example.kind`` (code runs in the sandbox, never in-process)."""
     verdict = verify(example, answer)

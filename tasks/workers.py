@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE, CachePolicy
 from prefect.context import TaskRunContext
 from prefect.tasks import exponential_backoff
 from pydantic import BaseModel, ConfigDict
@@ -120,7 +121,7 @@ def _cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | Non
     return "conductor-step-" + hashlib.sha256(blob.encode()).hexdigest()
 
 
-@task(name="step", retry_condition_fn=_retry_if_retryable, log_prints=False)
+@task(cache_policy=NO_CACHE, name="step", retry_condition_fn=_retry_if_retryable, log_prints=False)
 def run_step(
     question: str,
     step: Step,
@@ -161,5 +162,5 @@ def step_task_for(step: Step, pool: Pool, depth: int = 0) -> Any:
         else 0,
     }
     if worker.cache and worker.temperature == 0:
-        options["cache_key_fn"] = _cache_key
+        options["cache_policy"] = CachePolicy.from_cache_key_fn(_cache_key)
     return run_step.with_options(**options)

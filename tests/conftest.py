@@ -46,7 +46,9 @@ def prefect():
     """One Prefect test harness (temporary database, ephemeral server) for the session."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    from flows.runtime import local_run_settings
+
+    with prefect_test_harness(server_startup_timeout=120), local_run_settings():
         yield
 
 
