@@ -50,7 +50,7 @@ from conductor._batching import (
     generate_group,
     group_key,
 )
-from conductor._litellm import litellm
+from conductor._litellm import fill_response, litellm, register_provider
 from conductor.errors import WorkerError
 from conductor.home import models_dir
 
@@ -361,15 +361,14 @@ class LocalLLM(CustomLLM):
                 retryable=False,
                 worker=f"{PROVIDER}/{model}",
             ) from exc
-        model_response.choices[0].message.content = result.text
-        model_response.choices[0].finish_reason = result.finish_reason
-        model_response.model = f"{PROVIDER}/{model}"
-        model_response.usage = litellm.Usage(
+        return fill_response(
+            model_response,
+            text=result.text,
+            model=f"{PROVIDER}/{model}",
+            finish_reason=result.finish_reason,
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
-            total_tokens=result.prompt_tokens + result.completion_tokens,
         )
-        return model_response
 
     async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
         return await asyncio.to_thread(self.completion, *args, **kwargs)
@@ -380,9 +379,4 @@ _handler = LocalLLM()
 
 def register() -> None:
     """Make ``local/<name>`` models reachable through litellm. Idempotent."""
-    entries = litellm.custom_provider_map
-    if not any(e.get("provider") == PROVIDER for e in entries):
-        entries.append({"provider": PROVIDER, "custom_handler": _handler})
-    # litellm also calls this at the start of every completion; calling it now lets
-    # get_llm_provider() recognise "local/..." before the first call.
-    litellm.utils.custom_llm_setup()
+    register_provider(PROVIDER, _handler)

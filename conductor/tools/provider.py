@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from conductor._litellm import litellm
+from conductor._litellm import fill_response, litellm, register_provider
 from conductor.tools import ToolError
 from conductor.tools.calculator import evaluate, extract_expression
 from conductor.tools.sandbox import extract_code, run_python
@@ -140,11 +140,7 @@ class ToolLLM(litellm.CustomLLM):
         except ToolError as exc:
             exc.worker = exc.worker or name
             raise
-        model_response.choices[0].message.content = text
-        model_response.choices[0].finish_reason = "stop"
-        model_response.model = name
-        model_response.usage = litellm.Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
-        return model_response
+        return fill_response(model_response, text=text, model=name)
 
     async def acompletion(  # type: ignore[override]
         self, *args: Any, **kwargs: Any
@@ -157,7 +153,4 @@ _handler = ToolLLM()
 
 def register() -> None:
     """Make ``tool/<name>`` models reachable through litellm. Idempotent."""
-    entries = litellm.custom_provider_map
-    if not any(e.get("provider") == PROVIDER for e in entries):
-        entries.append({"provider": PROVIDER, "custom_handler": _handler})
-    litellm.utils.custom_llm_setup()
+    register_provider(PROVIDER, _handler)
