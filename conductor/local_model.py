@@ -226,13 +226,22 @@ def load_cached(slug: str, build: Callable[[], Loaded]) -> Loaded:
 
 def _load_gguf(path: Path) -> Loaded:
     # dequantize=True asks for plain dense layers: they run on any device and, unlike packed
-    # GGUF blocks, save_pretrained can write them to the cache.
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent,
-        gguf_file=path.name,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
-    )
+    # GGUF blocks, save_pretrained can write them to the cache. transformers' GGUF reader
+    # draws its own tqdm bar, which only tqdm's environment switch turns off.
+    previous = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent,
+            gguf_file=path.name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = previous
     return model, tokenizer_from_gguf(path)
 
 
