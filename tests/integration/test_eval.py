@@ -127,7 +127,8 @@ def test_strategies_share_one_experiment_and_conductor_reports_format_validity(s
         r
         for r, t in zip(
             ArtifactStore(str(tmp_path / "art")).read_pandas("runs")["run_id"],
-            ArtifactStore(str(tmp_path / "art")).read_pandas("runs")["tags"], strict=False,
+            ArtifactStore(str(tmp_path / "art")).read_pandas("runs")["tags"],
+            strict=False,
         )
         if dict(t)["strategy"].startswith("self")
     }

@@ -339,3 +339,41 @@ def test_api_key_from_env_never_reaches_artifacts(tmp_path, monkeypatch):
         assert secret not in json.dumps(table.to_pylist(), default=str)
         assert secret.encode() not in f.read_bytes()
     assert secret not in result.model_dump_json()
+
+
+def test_api_key_from_a_prefect_secret_block_is_used_and_never_stored(tmp_path, monkeypatch):
+    from prefect.blocks.system import Secret
+
+    import conductor.llm as llm
+
+    secret = "sk-block-secret-777"
+    Secret(value=secret).save("conductor-test-key", overwrite=True)
+    seen: list[str | None] = []
+    real = llm.litellm.completion
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("api_key"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llm.litellm, "completion", spy)
+    pool = make_pool(
+        tmp_path, [{"name": "echo", "model": "fake/echo", "api_key_secret": "conductor-test-key"}]
+    )
+    result, _, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result.status == "completed"
+    assert secret in seen  # the worker call got the key from the block
+    for f in (tmp_path / "artifacts").rglob("*.parquet"):
+        assert secret.encode() not in f.read_bytes()
+
+
+def test_missing_api_key_env_fails_the_step_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    pool = make_pool(
+        tmp_path, [{"name": "echo", "model": "fake/echo", "api_key_env": "NOT_SET_ANYWHERE"}]
+    )
+    result, steps, _ = run("Q?", pool, tmp_path, 'model_id=[0]\nsubtasks=["go"]\naccess_list=[[]]')
+    assert result.status == "failed"
+    assert (
+        result.reason
+        == "step 0 (echo) failed: environment variable NOT_SET_ANYWHERE (api_key_env of fake/echo) is not set"
+    )
