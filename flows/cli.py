@@ -81,11 +81,12 @@ def run(
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
     from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
     from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
-    from flows.runtime import local_run_settings
+    from flows.runtime import local_run_settings, wait_until_recorded
 
     with quiet_prefect_shutdown(), local_run_settings():
         state = orchestrate(request, return_state=True)
         result = state.result(raise_on_failure=False)
+        wait_until_recorded(state.state_details.flow_run_id)
     # Everything the user needs is below; what Prefect prints while shutting down is not.
     silence_stderr_at_exit()
     from conductor.requests import RunResult
@@ -163,7 +164,7 @@ def eval_(
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
     from flows.evaluate import evaluate
     from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
-    from flows.runtime import local_run_settings
+    from flows.runtime import local_run_settings, wait_until_recorded
 
     # Per-question flow logs would bury the progress bar; warnings and errors still show.
     for name in ("prefect.flow_runs", "prefect.task_runs"):
@@ -171,6 +172,7 @@ def eval_(
     with quiet_prefect_shutdown(), local_run_settings():
         state = evaluate(request, return_state=True)
         result = state.result(raise_on_failure=False)
+        wait_until_recorded(state.state_details.flow_run_id)
     silence_stderr_at_exit()
     from conductor.requests import EvalResult
 

@@ -1,27 +1,75 @@
-"""Prefect settings for a run the CLI starts in this process.
+"""Prefect settings and shutdown for the runs the CLI starts in this process.
 
 Against Prefect's *ephemeral* API (no ``PREFECT_API_URL``) the server lives and dies with
-the command, so flow-run heartbeats, which exist to let a server mark crashed runs, have
-no one to tell. They also cost time: Prefect 3.9 joins the heartbeat thread when a flow
-ends, which waits up to one second per flow run (measured in benchmarks/engine_overhead.py).
-With a real server configured, heartbeats stay on.
+the command. Measured in ``benchmarks/engine_overhead.py`` on Prefect 3.9:
+
+- flow-run heartbeats, which let a server mark crashed runs, have no one to tell, and
+  Prefect joins the heartbeat thread when a flow ends, which waits up to one second per
+  flow run: they are turned off;
+- the server's task-run recorder writes one event per database transaction by default,
+  and competes with the flow for the same cores: it batches here (every 0.5 s at most);
+- the server may be stopped while its recorder still holds events, which leaves task runs
+  shown as running in the database: ``wait_until_recorded`` waits (bounded) until every
+  task run of the flow run is final before the process exits.
+
+With a real server configured, Prefect's defaults stay as they are.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-__all__ = ["local_run_settings"]
+__all__ = ["local_run_settings", "wait_until_recorded"]
+
+_EPHEMERAL_SERVER_ENV = {
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "50",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "0.5",
+}
+
+
+def _ephemeral() -> bool:
+    return not os.environ.get("PREFECT_API_URL")
 
 
 @contextmanager
 def local_run_settings() -> Iterator[None]:
-    if os.environ.get("PREFECT_API_URL"):
+    if not _ephemeral():
         yield
         return
+    for key, value in _EPHEMERAL_SERVER_ENV.items():
+        os.environ.setdefault(key, value)  # read by the server subprocess when it starts
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+def wait_until_recorded(flow_run_id: object, timeout_s: float = 5.0) -> bool:
+    """Wait until the server has recorded every task run of the flow run as final."""
+    if not _ephemeral() or flow_run_id is None:
+        return True
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + timeout_s
+    flt = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    try:
+        with get_client(sync_client=True) as client:
+            while True:
+                runs = client.read_task_runs(flow_run_filter=flt, limit=200)
+                # A skipped step stays Pending ("NotReady") by design: it never ran.
+                if all(_settled(r.state) for r in runs):
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - best effort: the run itself is already stored
+        return False
+
+
+def _settled(state: object) -> bool:
+    return state is None or state.is_final() or state.name == "NotReady"  # type: ignore[attr-defined]

@@ -32,7 +32,7 @@ RUN_KEYS = {
 def conductor(
     *args: str, cwd: Path, stdin: str | None = None, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CONDUCTOR_HOME": str(cwd / "home")}
+    env = {**os.environ, "CONDUCTOR_HOME": str(cwd / "home"), "PREFECT_HOME": str(cwd / "prefect")}
     env.pop("PREFECT_API_URL", None)  # the CLI uses its own ephemeral server here
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
@@ -84,6 +84,13 @@ def test_run_json_prints_one_object_and_no_noise(tmp_path):
     assert Path(data["artifacts"]).is_dir()
     assert "step-0 · gpt" in proc.stderr  # progress goes to stderr
     assert_clean(proc.stderr)
+    # Every task run reached the database as final before the ephemeral server stopped.
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "prefect" / "prefect.db")
+    states = db.execute("select name, state_type from task_run").fetchall()
+    assert len(states) >= 4  # plan, two steps, save
+    assert {t for _, t in states} == {"COMPLETED"}, states
     summary = conductor("artifacts", "--json", cwd=tmp_path)
     assert summary.returncode == 0, summary.stderr
     s = json.loads(summary.stdout)
