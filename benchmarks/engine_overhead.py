@@ -198,6 +198,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
 
     from conductor.requests import OrchestrateRequest
     from flows.orchestrate import orchestrate
+    from flows.runtime import wait_until_recorded
     from tests.fakes import PLANS, register_fake_provider
 
     register_fake_provider()
@@ -224,6 +225,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             root = str(home / "artifacts" / f"{shape}-{i}")
             request = OrchestrateRequest(question=f"{shape} #{i}", pool=str(pool), artifacts=root)
             wall, state = _timed(partial(orchestrate, request, return_state=True), args.settle)
+            wait_until_recorded(state.state_details.flow_run_id)  # as `conductor run` does
             result = state.result(raise_on_failure=False)
             if getattr(result, "status", None) != "completed":
                 raise RuntimeError(f"{shape} run {i} did not complete: {state.message or result}")
