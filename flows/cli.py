@@ -324,6 +324,7 @@ def main() -> None:
         handler.setFormatter(logging.Formatter("conductor: %(message)s"))
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)
+        ours.propagate = False  # Prefect's root console handler would print it twice
     try:
         app(standalone_mode=True)
     except ConductorError as exc:
