@@ -299,8 +299,13 @@ def compact(as_json: JsonOpt = False) -> None:
     result = ArtifactStore().compact()
     if as_json:
         print(json.dumps(_jsonable(result)))
-    else:
-        print(result)
+        return
+    for table, before in result.files_before.items():
+        after = result.files_after.get(table, before)
+        note = " (skipped: another compaction holds the lock)" if table in result.busy else ""
+        print(
+            f"{table:<6} {before} files -> {after} ({result.rows.get(table, 0)} rows merged){note}"
+        )
 
 
 def _jsonable(obj: Any) -> Any:
