@@ -20,6 +20,7 @@ Optional params beyond OpenAI's: ``min_tokens`` and ``ignore_eos`` (as in vLLM).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -227,9 +228,12 @@ def load_cached(slug: str, build: Callable[[], Loaded]) -> Loaded:
 def _load_gguf(path: Path) -> Loaded:
     # dequantize=True asks for plain dense layers: they run on any device and, unlike packed
     # GGUF blocks, save_pretrained can write them to the cache. transformers' GGUF reader
-    # draws its own tqdm bar, which only tqdm's environment switch turns off.
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
+    # draws a tqdm bar of its own (tqdm reads TQDM_DISABLE only at import), so it is given
+    # a silent tqdm for the duration of the load.
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    noisy = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(noisy, disable=True)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path.parent,
@@ -238,10 +242,7 @@ def _load_gguf(path: Path) -> Loaded:
             quantization_config=GgufConfig(dequantize=True),
         )
     finally:
-        if previous is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = previous
+        gguf_utils.tqdm = noisy
     return model, tokenizer_from_gguf(path)
 
 
