@@ -126,6 +126,7 @@ def execute(
 ) -> _Execution:
     """Submit every step with its upstream futures, wait, and turn states into records."""
     futures: dict[int, PrefectFuture[StepOutcome]] = {}
+    step_tasks: dict[str, Any] = {}  # one configured task per worker
     for step in workflow.steps:
         visible = [futures[j] for j in step.access]
         instructions = [workflow.steps[j].instruction for j in step.access]
@@ -136,7 +137,9 @@ def execute(
                 step, visible, instructions, pool, workflow, ids, depth
             )
         else:
-            futures[step.index] = step_task_for(step, pool, depth).submit(
+            if worker.name not in step_tasks:
+                step_tasks[worker.name] = step_task_for(worker, depth)
+            futures[step.index] = step_tasks[worker.name].submit(
                 ids.question, step, visible, instructions, pool
             )
     wait(list(futures.values()))

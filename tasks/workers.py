@@ -151,11 +151,15 @@ def step_run_name(step: Step, depth: int = 0) -> str:
     return f"{f'd{depth}-' if depth else ''}step-{step.index} · {step.worker}"
 
 
-def step_task_for(step: Step, pool: Pool, depth: int = 0) -> Any:
-    """``run_step`` configured for this step's worker: name, retries, backoff, caching."""
-    worker = pool.worker(step.worker)
+def step_task_for(worker: WorkerSpec, depth: int = 0) -> Any:
+    """``run_step`` configured for one worker: run name, retries, backoff, caching.
+
+    One task object serves every step of that worker at that depth (the run name is a
+    template over the ``step`` parameter), so a wide plan does not copy the task per step.
+    """
+    prefix = f"d{depth}-" if depth else ""
     options: dict[str, Any] = {
-        "task_run_name": step_run_name(step, depth),
+        "task_run_name": prefix + "step-{step.index} · {step.worker}",
         "retries": worker.retries,
         "retry_delay_seconds": exponential_backoff(worker.retry_backoff_s)(worker.retries)
         if worker.retries
