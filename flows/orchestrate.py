@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,9 +123,18 @@ def _record(
 
 
 def execute(
-    workflow: Workflow, pool: Pool, ids: _RunIds, depth: int = 0, parent: int | None = None
+    workflow: Workflow,
+    pool: Pool,
+    ids: _RunIds,
+    depth: int = 0,
+    parent: int | None = None,
+    while_running: Callable[[], None] | None = None,
 ) -> _Execution:
-    """Submit every step with its upstream futures, wait, and turn states into records."""
+    """Submit every step with its upstream futures, wait, and turn states into records.
+
+    ``while_running`` (e.g. publishing the plan artifact) runs once every step is submitted,
+    so bookkeeping overlaps the first steps instead of delaying them.
+    """
     futures: dict[int, PrefectFuture[StepOutcome]] = {}
     step_tasks: dict[str, Any] = {}  # one configured task per worker
     for step in workflow.steps:
@@ -142,6 +152,8 @@ def execute(
             futures[step.index] = step_tasks[worker.name].submit(
                 ids.question, step, visible, instructions, pool
             )
+    if while_running is not None:
+        while_running()
     wait(list(futures.values()))
 
     out = _Execution()
@@ -339,9 +351,14 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
         plan = _make_plan(request, pool, strategy, ids, usage)
         execution.reason = plan.reason
         if plan.workflow is not None:
-            _log_plan(plan.workflow, plan.format_error)
-            publish_plan(plan.workflow, request.question, plan.format_error)
-            execution = execute(plan.workflow, pool, ids)
+            workflow, format_error = plan.workflow, plan.format_error
+            _log_plan(workflow, format_error)
+            execution = execute(
+                workflow,
+                pool,
+                ids,
+                while_running=lambda: publish_plan(workflow, request.question, format_error),
+            )
     except ConductorError as exc:
         execution.reason = execution.reason or _one_line(exc)
 
