@@ -40,6 +40,20 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
+    """Run a flow in this process; returns its final state and its result (or exception)."""
+    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
+    from flows.runtime import local_run_settings, wait_until_recorded
+
+    with quiet_prefect_shutdown(), local_run_settings():
+        state = flow(request, return_state=True)
+        result = state.result(raise_on_failure=False)
+        wait_until_recorded(state.state_details.flow_run_id)
+    # Everything the user needs is printed after this; Prefect's shutdown output is not.
+    silence_stderr_at_exit()
+    return state, result
+
+
 def _load_pool(pool: Path | None):
     from conductor.pool import load_pool
 
@@ -80,15 +94,8 @@ def run(
         err = exc.errors()[0]
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
     from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
-    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
-    from flows.runtime import local_run_settings, wait_until_recorded
 
-    with quiet_prefect_shutdown(), local_run_settings():
-        state = orchestrate(request, return_state=True)
-        result = state.result(raise_on_failure=False)
-        wait_until_recorded(state.state_details.flow_run_id)
-    # Everything the user needs is below; what Prefect prints while shutting down is not.
-    silence_stderr_at_exit()
+    state, result = _call_flow(orchestrate, request)
     from conductor.requests import RunResult
 
     if not isinstance(result, RunResult):
@@ -163,17 +170,11 @@ def eval_(
         err = exc.errors()[0]
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
     from flows.evaluate import evaluate
-    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
-    from flows.runtime import local_run_settings, wait_until_recorded
 
     # Per-question flow logs would bury the progress bar; warnings and errors still show.
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    with quiet_prefect_shutdown(), local_run_settings():
-        state = evaluate(request, return_state=True)
-        result = state.result(raise_on_failure=False)
-        wait_until_recorded(state.state_details.flow_run_id)
-    silence_stderr_at_exit()
+    _, result = _call_flow(evaluate, request)
     from conductor.requests import EvalResult
 
     if not isinstance(result, EvalResult):
