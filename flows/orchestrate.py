@@ -403,9 +403,11 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
         wall_s=time.perf_counter() - started,
         tags={**request.tags, "strategy": str(strategy)},
     )
+    # Storing the rows and publishing the UI table overlap: both are I/O after the last step.
+    saved = save_run.submit(run, execution.records, request.artifacts or artifacts_location())
     if execution.records:
         publish_steps(execution.records)
-    root = save_run(run, execution.records, request.artifacts or artifacts_location())
+    root = saved.result()
     result = RunResult(
         run_id=ids.run_id,
         status=status,
