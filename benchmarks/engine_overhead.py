@@ -13,6 +13,10 @@ the flow's own ``RunResult.wall_s`` (the gap is flow-run start-up and teardown);
 Prefect, litellm's own cost included); ``lag_med_s``/``lag_max_s``, from the stored steps: how
 long after its last upstream step finished (or the first root step started) a step started.
 
+The fake worker states its prices in the pool (``PRICES``), as a model in litellm's price
+map has them; ``--unpriced`` drops them, and litellm then searches for a price by model name
+on every call.
+
 Runs use the CLI's settings (``flows.runtime.local_run_settings``, no flow-run heartbeats on
 the ephemeral API); ``--heartbeats`` keeps Prefect's default, as a bare ``orchestrate()`` call
 has it, where a sync flow run waits up to 1 s at its end for the heartbeat thread. Each run
@@ -54,6 +58,10 @@ TARGET_OVERHEAD_S = 1.0
 PROBLEMS = ("database is locked", "Traceback", "CancelledError")
 VARIANT_SHAPES = ("fanout8", "grid16x4")
 MESSAGES = [{"role": "user", "content": "work"}]
+# The fake worker is priced like a model in litellm's map (gpt-4o-mini's prices): litellm
+# prices every response while logging it, and a model name it cannot price costs it a fuzzy
+# name search of ~4 ms per call on this machine (``--unpriced`` measures that case).
+PRICES = {"input_cost_per_token": 1.5e-7, "output_cost_per_token": 6e-7}
 
 Access = list[int] | str  # earlier step indices, or "all"
 
@@ -138,7 +146,14 @@ def _baseline(deps: list[list[int]]) -> None:
     """The DAG without Prefect; it still pays litellm's own cost per call."""
     import litellm
 
-    asyncio.run(_gather_dag(deps, lambda i: litellm.acompletion(model=MODEL, messages=MESSAGES)))
+    prices = _prices()
+    asyncio.run(
+        _gather_dag(deps, lambda i: litellm.acompletion(model=MODEL, messages=MESSAGES, **prices))
+    )
+
+
+def _prices() -> dict[str, float]:
+    return {} if os.environ.get("ENGINE_OVERHEAD_UNPRICED") else PRICES
 
 
 def _variant_flows() -> dict[str, Callable[[list[list[int]]], Any]]:
@@ -149,11 +164,11 @@ def _variant_flows() -> dict[str, Callable[[list[list[int]]], Any]]:
 
     @task(name="sync-step")
     def sync_step(i: int) -> None:
-        litellm.completion(model=MODEL, messages=MESSAGES)
+        litellm.completion(model=MODEL, messages=MESSAGES, **_prices())
 
     @task(name="async-step")
     async def async_step(i: int) -> None:
-        await litellm.acompletion(model=MODEL, messages=MESSAGES)
+        await litellm.acompletion(model=MODEL, messages=MESSAGES, **_prices())
 
     def submit_dag(step: Any, deps: list[list[int]]) -> None:
         futures: list[Any] = []
@@ -203,7 +218,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
 
     register_fake_provider()
     pool = home / "pool.yaml"
-    worker = {"name": "sleepy", "model": MODEL, "retries": 0}
+    worker = {"name": "sleepy", "model": MODEL, "retries": 0, **_prices()}
     doc = {"conductor": {"model": "fake/plan"}, "workers": [worker], "max_steps": 64}
     pool.write_text(yaml.safe_dump({**doc, "share_question": True}))
 
@@ -213,7 +228,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
 
     server_start, _ = _timed(warm_up)
     tiny_flow, _ = _timed(warm_up, args.settle)
-    litellm.completion(model=MODEL, messages=MESSAGES)  # litellm's lazy first-call costs
+    litellm.completion(model=MODEL, messages=MESSAGES, **_prices())  # lazy first-call costs
     _baseline([[]])
 
     results: list[dict[str, Any]] = []
@@ -289,6 +304,8 @@ def parent(args: argparse.Namespace) -> int:
             "CONDUCTOR_HOME": tmp,
         }
         env.pop("CONDUCTOR_ARTIFACTS", None)
+        if args.unpriced:
+            env["ENGINE_OVERHEAD_UNPRICED"] = "1"
         if "PREFECT_API_URL" not in os.environ:
             # A fresh database: other sessions' runs in ~/.prefect must not skew the timings.
             env["PREFECT_HOME"] = str(Path(tmp) / "prefect")
@@ -310,6 +327,7 @@ def parent(args: argparse.Namespace) -> int:
     ok = all(r["overhead_s"] <= TARGET_OVERHEAD_S for r in report["results"])
     report |= {"target_overhead_s": TARGET_OVERHEAD_S, "pass": ok}
     report |= {"stderr_problems": _problems(proc.stderr), "cpus": os.cpu_count()}
+    report["priced"] = not args.unpriced
     report["load"] = {
         "loadavg_1m_before": round(load, 2),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
@@ -323,7 +341,8 @@ def parent(args: argparse.Namespace) -> int:
     print(
         f"server_start_s={report['server_start_s']}  tiny_flow_s={report['tiny_flow_s']}  ", end=""
     )
-    print(f"heartbeats={report['heartbeats']}  cpus={report['cpus']}  load={report['load']}")
+    print(f"heartbeats={report['heartbeats']}  priced={report['priced']}  ", end="")
+    print(f"cpus={report['cpus']}  load={report['load']}")
     print(f"medians of {args.repeat} runs, each after {args.settle} s of quiet\n")
     cols = ["shape", "steps", "critical_s", "wall_s", "overhead_s", "efficiency"]
     extra = ["run_wall_s", "baseline_wall_s", "lag_med_s", "lag_max_s"]
@@ -344,6 +363,9 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true", help="add plain Prefect sync/async rows")
     ap.add_argument(
         "--heartbeats", action="store_true", help="keep Prefect's flow-run heartbeats on"
+    )
+    ap.add_argument(
+        "--unpriced", action="store_true", help="give the fake worker no prices (see PRICES)"
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     ap.add_argument("--log", help="also write the child's full stderr to this file")

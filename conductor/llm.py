@@ -107,20 +107,25 @@ def classify_error(exc: BaseException, model: str) -> WorkerError:
     return WorkerError(f"{model}: {kind}: {first}", retryable=retryable)
 
 
+def _pool_priced(endpoint: _Endpoint) -> bool:
+    return endpoint.input_cost_per_token is not None or endpoint.output_cost_per_token is not None
+
+
 def price(
     endpoint: _Endpoint, response: Any, input_tokens: int | None, output_tokens: int | None
 ) -> float | None:
-    """The pool's per-token prices win; else litellm's price map; unknown -> ``None``."""
-    if endpoint.input_cost_per_token is not None or endpoint.output_cost_per_token is not None:
+    """The pool's per-token prices win; else litellm's price map; unknown -> ``None``.
+
+    litellm has already priced the response from its map (``_hidden_params``) while logging
+    the call; asking ``completion_cost`` again would repeat the lookup.
+    """
+    if _pool_priced(endpoint):
         if input_tokens is None or output_tokens is None:
             return None
         return (endpoint.input_cost_per_token or 0.0) * input_tokens + (
             endpoint.output_cost_per_token or 0.0
         ) * output_tokens
-    try:
-        cost = litellm.completion_cost(completion_response=response)
-    except Exception:  # noqa: BLE001 - litellm raises several types for unmapped models
-        return None
+    cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
     return float(cost) if cost is not None else None
 
 
@@ -148,6 +153,11 @@ def complete(
         params["api_key"] = api_key
     if endpoint.api_base:
         params["api_base"] = endpoint.api_base
+    if _pool_priced(endpoint):
+        # litellm prices every response for its logging; told the pool's prices it skips the
+        # fuzzy model-name search it runs for names missing from its map (~4 ms per call).
+        params["input_cost_per_token"] = endpoint.input_cost_per_token or 0.0
+        params["output_cost_per_token"] = endpoint.output_cost_per_token or 0.0
     _ensure_provider(endpoint.model)
     started = time.perf_counter()
     try:

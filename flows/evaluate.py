@@ -14,9 +14,12 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import PrefectHTTPStatusError
 from prefect.runtime import flow_run
+from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from conductor.datasets import Example, load_dataset
@@ -29,8 +32,34 @@ from tasks.tracking import log_eval
 
 __all__ = ["evaluate"]
 
+QUESTION_RETRIES = 2
 
-@task(cache_policy=NO_CACHE, name="question", task_run_name="question {request.question_id}")
+
+def _api_failure(task: object, task_run: object, state: State) -> bool:
+    """Retry a question whose run the Prefect API failed (a 5xx, a dropped connection).
+
+    A loaded ephemeral server can answer 503 when its SQLite database is busy; the question
+    itself is fine and runs again. Failures of the question's own run are in its RunResult.
+    """
+    try:
+        state.result()
+    except PrefectHTTPStatusError as exc:
+        return exc.response.status_code >= 500
+    except httpx.TransportError:
+        return True
+    except Exception:  # noqa: BLE001 - anything else is not the API's doing
+        return False
+    return False
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="question",
+    task_run_name="question {request.question_id}",
+    retries=QUESTION_RETRIES,
+    retry_delay_seconds=2,
+    retry_condition_fn=_api_failure,
+)
 def run_question(request: OrchestrateRequest) -> RunResult:
     """One question through the orchestrate subflow; a failed run still returns its result."""
     state = orchestrate(request, return_state=True)

@@ -133,3 +133,48 @@ def test_strategies_share_one_experiment_and_conductor_reports_format_validity(s
         if dict(t)["strategy"].startswith("self")
     }
     assert (steps[steps["run_id"].isin(sc_runs)].groupby("run_id").size() == 3).all()
+
+
+def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatch):
+    """A 503 from a busy server (seen under load) retries the question; nothing is lost."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    import flows.evaluate as ev
+
+    data, pool, tmp_path = setup
+    real = ev.orchestrate
+    failures: list[str] = []
+
+    def flaky(request, **kw):
+        if request.question_id == "q1" and not failures:
+            failures.append(request.question_id)
+            url = "http://127.0.0.1/api/task_runs/"
+            response = httpx.Response(503, request=httpx.Request("POST", url))
+            error = httpx.HTTPStatusError("503", request=response.request, response=response)
+            raise PrefectHTTPStatusError.from_httpx_error(error)
+        return real(request, **kw)
+
+    monkeypatch.setattr(ev, "orchestrate", flaky)
+    monkeypatch.setattr(ev.run_question, "retry_delay_seconds", 0)
+    result = _eval(data, pool, tmp_path, "single:oracle")
+    assert failures == ["q1"]
+    assert result.n == 4 and result.failed == 0 and result.correct == 3
+    runs = ArtifactStore(str(tmp_path / "art")).read_pandas("runs")
+    assert sorted(runs["question_id"]) == ["q0", "q1", "q2", "q3"]
+
+
+def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypatch):
+    import flows.evaluate as ev
+
+    data, pool, tmp_path = setup
+    calls: list[str] = []
+
+    def broken(request, **kw):
+        calls.append(request.question_id)
+        raise ValueError("a bug, not the API")
+
+    monkeypatch.setattr(ev, "orchestrate", broken)
+    result = _eval(data, pool, tmp_path, "single:oracle")
+    assert sorted(calls) == ["q0", "q1", "q2", "q3"]  # once each
+    assert result.n == 4 and result.failed == 4 and result.correct == 0

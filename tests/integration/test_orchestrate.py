@@ -377,3 +377,27 @@ def test_missing_api_key_env_fails_the_step_with_one_line(tmp_path, monkeypatch)
         result.reason
         == "step 0 (echo) failed: environment variable NOT_SET_ANYWHERE (api_key_env of fake/echo) is not set"
     )
+
+
+def test_task_runs_are_named_after_their_step_and_worker(tmp_path):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.orchestrate import orchestrate
+    from flows.runtime import wait_until_recorded
+
+    pool = make_pool(
+        tmp_path,
+        [{"name": "echo", "model": "fake/echo"}, {"name": "slow", "model": "fake/sleep-0.1"}],
+    )
+    PLANS["top"] = 'model_id = [1, 0]\nsubtasks = ["a", "b"]\naccess_list = [[], [0]]'
+    state = orchestrate(
+        OrchestrateRequest(question="Q?", pool=pool, artifacts=str(tmp_path / "a")),
+        return_state=True,
+    )
+    assert state.is_completed()
+    assert wait_until_recorded(state.state_details.flow_run_id)  # the server records in batches
+    flt = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        names = {r.name for r in client.read_task_runs(flow_run_filter=flt)}
+    assert {"step-0 · slow", "step-1 · echo"} <= names
