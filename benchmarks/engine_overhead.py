@@ -11,7 +11,10 @@ the flow's own ``RunResult.wall_s`` (the gap is flow-run start-up and teardown);
 ``overhead_s = wall_s - critical_s`` (target <= 1.0 s); ``efficiency = critical_s / wall_s``;
 ``baseline_wall_s``, the same DAG as plain asyncio tasks calling ``litellm.acompletion`` (no
 Prefect, litellm's own cost included); ``lag_med_s``/``lag_max_s``, from the stored steps: how
-long after its last upstream step finished (or the first root step started) a step started.
+long after its last upstream step finished (or the first root step started) a step started;
+inside the flow, ``head_s`` runs from its start to the first worker call, ``tail_s`` from the
+last worker call to the run record, ``store_s`` from the run record to the flow's return
+(storing the rows while the steps table artifact is published).
 
 The fake worker states its prices in the pool (``PRICES``), as a model in litellm's price
 map has them; ``--unpriced`` drops them, and litellm then searches for a price by model name
@@ -116,18 +119,31 @@ def _row(shape: str, access: list[Access], walls: list[float], **extra: float) -
 # ---- child: Prefect and litellm are imported here only, after the parent set the environment
 
 
-def _lags(root: str) -> list[float]:
-    """Per step: worker call start minus the moment the step became ready."""
+def _timeline(root: str) -> tuple[list[float], float, float, float]:
+    """From the stored rows: per-step lags, and the flow's time before and after the steps.
+
+    A step's lag is its worker call's start minus the moment it became ready (its last
+    upstream step finished, or the first root step started). ``head`` runs from the flow
+    function's start to the first worker call (planning, submitting); ``tail`` from the last
+    worker call's end to the run record (collecting states, building records). The run
+    record's ``wall_s`` is taken when it is built, before it is stored.
+    """
     from conductor.store import ArtifactStore
 
-    df = ArtifactStore(root).read_pandas("steps")
+    store = ArtifactStore(root)
+    df = store.read_pandas("steps")
+    run = store.read_pandas("runs").iloc[0]
     rows = df.set_index("step").to_dict("index")
     first = min(r["started_at"] for r in rows.values() if len(r["access"]) == 0)
     ready = {
         s: max((rows[j]["finished_at"] for j in r["access"]), default=first)
         for s, r in rows.items()
     }
-    return [(r["started_at"] - ready[s]).total_seconds() for s, r in rows.items()]
+    lags = [(r["started_at"] - ready[s]).total_seconds() for s, r in rows.items()]
+    flow_start = run["created_at"].timestamp() - run["wall_s"]
+    head = min(r["started_at"] for r in rows.values()).timestamp() - flow_start
+    tail = run["created_at"].timestamp() - max(r["finished_at"] for r in rows.values()).timestamp()
+    return lags, head, tail, float(run["wall_s"])
 
 
 async def _gather_dag(deps: list[list[int]], call: Callable[[int], Awaitable[Any]]) -> None:
@@ -234,6 +250,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     for shape in args.shapes:
         access, walls, run_walls, base_walls, lags = _shapes()[shape], [], [], [], []
+        heads, tails, stores = [], [], []
         deps = _deps(access)
         PLANS["top"] = _plan_text(access)
         for i in range(args.repeat):
@@ -246,11 +263,17 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 raise RuntimeError(f"{shape} run {i} did not complete: {state.message or result}")
             walls.append(wall)
             run_walls.append(result.wall_s)
-            lags.extend(_lags(root))
+            step_lags, head, tail, record_wall = _timeline(root)
+            lags.extend(step_lags)
+            heads.append(head)
+            tails.append(tail)
+            stores.append(result.wall_s - record_wall)  # storing rows, publishing the table
             base_walls.append(_timed(partial(_baseline, deps))[0])
         extra = {"run_wall_s": statistics.median(run_walls)}
         extra |= {"baseline_wall_s": statistics.median(base_walls)}
         extra |= {"lag_med_s": statistics.median(lags), "lag_max_s": max(lags)}
+        extra |= {"head_s": statistics.median(heads), "tail_s": statistics.median(tails)}
+        extra |= {"store_s": statistics.median(stores)}
         results.append(_row(shape, access, walls, **extra))
 
     variants: list[dict[str, Any]] = []
@@ -345,7 +368,8 @@ def parent(args: argparse.Namespace) -> int:
     print(f"cpus={report['cpus']}  load={report['load']}")
     print(f"medians of {args.repeat} runs, each after {args.settle} s of quiet\n")
     cols = ["shape", "steps", "critical_s", "wall_s", "overhead_s", "efficiency"]
-    extra = ["run_wall_s", "baseline_wall_s", "lag_med_s", "lag_max_s"]
+    extra = ["run_wall_s", "baseline_wall_s", "lag_med_s", "lag_max_s", "head_s", "tail_s"]
+    extra += ["store_s"]
     print(_table(report["results"], cols + extra))
     if report["variants"]:
         print("\nplain Prefect variants\n" + _table(report["variants"], ["variant", *cols]))

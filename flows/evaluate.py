@@ -139,6 +139,8 @@ def evaluate(request: EvalRequest) -> EvalResult:
     n = len(rows)
     correct = sum(r["correct"] for r in rows)
     metrics = {
+        "n": n,
+        "correct": correct,
         "accuracy": correct / n if n else 0.0,
         "mean_input_tokens": sum(r["input_tokens"] for r in rows) / n if n else 0.0,
         "mean_output_tokens": sum(r["output_tokens"] for r in rows) / n if n else 0.0,

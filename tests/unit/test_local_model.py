@@ -9,6 +9,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import asyncio
 import importlib.util
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -360,6 +361,34 @@ def test_batcher_never_exceeds_max_batch() -> None:
     batcher = MicroBatcher(run_group, key=lambda _: 0, max_batch=3, gather_s=0.2, max_wait_s=2.0)
     assert at_once(batcher.submit, 7) == list(range(7))
     assert max(sizes) <= 3 and sum(sizes) == 7
+
+
+def test_callers_arriving_spread_out_after_a_batch_still_run_together() -> None:
+    """After a batch of 4, four callers 100 ms apart (a gap longer than ``gather_s``, as when
+    eval questions each start a subflow first) form one batch, not a lone one and three."""
+    sizes: list[int] = []
+
+    def run_group(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        return items
+
+    batcher = MicroBatcher(
+        run_group, key=lambda _: 0, gather_s=0.05, max_wait_s=0.5, patience_s=0.6, fill_s=3.0
+    )
+    assert at_once(batcher.submit, 4) == [0, 1, 2, 3]
+    assert sizes == [4]
+
+    def spread(i: int) -> int:
+        time.sleep(0.1 * i)
+        return batcher.submit(10 + i)
+
+    assert at_once(spread, 4) == [10, 11, 12, 13]
+    assert sizes == [4, 4]
+
+
+def test_batcher_rejects_inconsistent_windows() -> None:
+    with pytest.raises(ValueError, match="patience_s"):
+        MicroBatcher(lambda items: items, key=lambda _: 0, gather_s=0.01, patience_s=0.001)
 
 
 def test_register_is_idempotent() -> None:
