@@ -50,12 +50,13 @@ def _summary(dataset: str, strategy: str, rows: list[dict[str, Any]], run: Any) 
     tokens_in = sum(r.get("input_tokens") or 0 for r in rows) / n
     tokens_out = sum(r.get("output_tokens") or 0 for r in rows) / n
     conductor = strategy == "conductor"
+    correct = sum(bool(r.get("correct")) for r in rows)
     return {
         "dataset": dataset,
         "strategy": strategy,
         "n": n,
-        "correct": sum(bool(r.get("correct")) for r in rows),
-        "accuracy": sum(bool(r.get("correct")) for r in rows) / n,
+        "correct": correct,
+        "accuracy": correct / n,
         "input_per_q": round(tokens_in, 1),
         "output_per_q": round(tokens_out, 1),
         "tokens_per_q": round(tokens_in + tokens_out, 1),
