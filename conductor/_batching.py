@@ -30,10 +30,21 @@ Batching does not change greedy output: rows are left-padded, and ``generate`` d
 row's position ids from the attention mask, so a row sees the positions and keys it would see
 alone (checked token for token in tests/unit/test_local_model.py, fp32 on CPU; in bf16 on a GPU
 a different batch shape may round differently and flip a near-tie).
+
+:class:`ModelThread` is the one thread that runs a process's local-model work (loading and
+``generate``). Torch's CPU ops run on an OpenMP team that belongs to the thread calling them,
+and libgomp counts the workers of every team in the process: once they outnumber the cores it
+stops spinning between parallel regions and parks workers on a futex, so every matmul pays a
+wake-up. Measured on 2 cores with torch's default of 2 threads: a batch of 8 took 11.5-15 s
+when the leader was a worker thread, against 8.8-9.7 s from the main thread, with 10x the
+system time; an eval where many threads take the lead in turn makes a team per thread. With
+every call on one long-lived thread there is a single team, and the batch takes 7.2-10 s from
+any caller (issue #3, ``benchmarks/local_inference.py``).
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -57,12 +68,53 @@ __all__ = [
     "Completion",
     "GenerationRequest",
     "MicroBatcher",
+    "ModelThread",
     "generate_group",
     "group_key",
 ]
 
 Req = TypeVar("Req")
 Res = TypeVar("Res")
+T = TypeVar("T")
+
+
+class ModelThread:
+    """Runs calls one at a time on a single long-lived daemon thread (see the module docstring).
+
+    Started on first use. A daemon, so a Ctrl-C exit does not wait for a generation to end. A
+    call made from the thread itself runs inline, so nested use cannot deadlock.
+    """
+
+    def __init__(self, name: str = "conductor-model") -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on the model thread; its result, or its exception, here."""
+        if threading.current_thread() is self._thread:
+            return fn(*args, **kwargs)
+        future: Future[T] = Future()
+        self._queue.put((future, lambda: fn(*args, **kwargs)))
+        self._start()
+        return future.result()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            future, call = self._queue.get()
+            try:
+                result = call()
+            except BaseException as exc:  # the caller re-raises it; this thread goes on
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ takes that copy when the checksum matches and rebuilds it otherwise.
 Each model is loaded once per process, on first use, and shared by all threads. Concurrent
 requests to one model are micro-batched (issue #3): gathered for a few milliseconds, grouped by
 sampling parameters and run as one left-padded ``generate`` call, each request ending at its
-own ``max_tokens``, EOS or stop string. On 2 shared CPU cores eight concurrent requests gave
-3.1x the tokens per second of one request (``benchmarks/local_inference.py``).
+own ``max_tokens``, EOS or stop string. Loads and ``generate`` calls all run on one model
+thread (:class:`~conductor._batching.ModelThread`, which explains why), whichever thread asked.
 
 Optional params beyond OpenAI's: ``min_tokens`` and ``ignore_eos`` (as in vLLM).
 """
@@ -48,6 +48,7 @@ from conductor._batching import (
     Completion,
     GenerationRequest,
     MicroBatcher,
+    ModelThread,
     generate_group,
     group_key,
 )
@@ -78,6 +79,8 @@ _WHEEL_HINT = (
 )
 _CHECKSUM = "weights.sha256"
 _log = logging.getLogger(__name__)
+# Every load and generate of every local model runs here: one OpenMP team per process.
+_MODEL_THREAD = ModelThread()
 
 Loaded = tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
@@ -142,7 +145,7 @@ class LocalModel:
         return self._batcher.submit(request)
 
     def _generate_group(self, requests: list[GenerationRequest]) -> list[Completion]:
-        return generate_group(self.model, self.tokenizer, requests)
+        return _MODEL_THREAD.run(generate_group, self.model, self.tokenizer, requests)
 
 
 def gguf_path() -> Path:
@@ -272,6 +275,11 @@ def _place(model: PreTrainedModel) -> PreTrainedModel:
     return model.to("cpu", dtype=torch.float32)
 
 
+def _load_placed(name: str) -> Loaded:
+    model, tokenizer = _load(name)
+    return _place(model), tokenizer
+
+
 class LocalModelRegistry:
     """One ``LocalModel`` per name per process, loaded on first use."""
 
@@ -287,8 +295,8 @@ class LocalModelRegistry:
             found = cls._models.get(name)
             if found is None:
                 start = time.perf_counter()
-                model, tokenizer = _load(name)
-                found = cls._models[name] = LocalModel(_place(model), tokenizer)
+                model, tokenizer = _MODEL_THREAD.run(_load_placed, name)
+                found = cls._models[name] = LocalModel(model, tokenizer)
                 _log.info("loaded local model %s in %.1f s", name, time.perf_counter() - start)
             return found
 

@@ -19,7 +19,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from conductor import local_model
-from conductor._batching import GenerationRequest, MicroBatcher, group_key
+from conductor._batching import GenerationRequest, MicroBatcher, ModelThread, group_key
 from conductor.errors import WorkerError
 from conductor.local_model import (
     SMOLLM2,
@@ -389,6 +389,52 @@ def test_callers_arriving_spread_out_after_a_batch_still_run_together() -> None:
 def test_batcher_rejects_inconsistent_windows() -> None:
     with pytest.raises(ValueError, match="patience_s"):
         MicroBatcher(lambda items: items, key=lambda _: 0, gather_s=0.01, patience_s=0.001)
+
+
+def test_model_thread_runs_every_call_on_one_thread() -> None:
+    worker = ModelThread(name="test-model-thread")
+
+    def where(_: int) -> str:
+        return worker.run(lambda: threading.current_thread().name)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        names = set(pool.map(where, range(8)))
+    assert names == {"test-model-thread"}
+    assert where(0) == "test-model-thread"  # from the main thread too
+
+    # A call made on the model thread runs inline instead of waiting on itself.
+    assert worker.run(lambda: worker.run(lambda: threading.current_thread().name)) == (
+        "test-model-thread"
+    )
+
+
+def test_model_thread_raises_in_the_caller_and_keeps_serving() -> None:
+    worker = ModelThread(name="test-model-thread")
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        worker.run(broken)
+    assert worker.run(lambda x, y=1: x + y, 2, y=3) == 5
+
+
+def test_generation_runs_on_the_model_thread(
+    tiny: LocalModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    real = local_model.generate_group
+
+    def recording(*args):
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(local_model, "generate_group", recording)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        texts = list(pool.map(lambda _: ask().choices[0].message.content, range(2)))
+    texts.append(ask().choices[0].message.content)
+    assert len(set(texts)) == 1
+    assert threads and set(threads) == {"conductor-model"}
 
 
 def test_register_is_idempotent() -> None:
