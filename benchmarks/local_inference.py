@@ -111,10 +111,8 @@ def timed(run: Any) -> dict[str, float]:
 
 
 def throughput(max_tokens: int, repeat: int) -> dict[str, Any]:
-    import torch
-
     from conductor._litellm import litellm
-    from conductor.local_model import SMOLLM2, LocalModelRegistry, register
+    from conductor.local_model import SMOLLM2, LocalModelRegistry, model_torch_threads, register
 
     register()
     model = LocalModelRegistry.get(SMOLLM2)
@@ -148,7 +146,7 @@ def throughput(max_tokens: int, repeat: int) -> dict[str, Any]:
         **{name: median_round(samples) for name, samples in rounds.items()},
         "concurrent8_generate_calls": generate_calls,
         "largest_batch": model.stats.largest,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": model_torch_threads(),  # on the model thread, where generate runs
         "repeat": repeat,
     }
 

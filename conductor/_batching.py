@@ -39,11 +39,13 @@ wake-up. Measured on 2 cores with torch's default of 2 threads: a batch of 8 too
 when the leader was a worker thread, against 8.8-9.7 s from the main thread, with 10x the
 system time; an eval where many threads take the lead in turn makes a team per thread. With
 every call on one long-lived thread there is a single team, and the batch takes 7.2-10 s from
-any caller (issue #3, ``benchmarks/local_inference.py``).
+any caller (issue #3, ``benchmarks/local_inference.py``). How many threads that team has is
+:func:`conductor.local_model.torch_threads`.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -76,17 +78,22 @@ __all__ = [
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 class ModelThread:
     """Runs calls one at a time on a single long-lived daemon thread (see the module docstring).
 
-    Started on first use. A daemon, so a Ctrl-C exit does not wait for a generation to end. A
-    call made from the thread itself runs inline, so nested use cannot deadlock.
+    Started on first use; ``setup`` runs first on it. A daemon, so a Ctrl-C exit does not wait
+    for a generation to end. A call made from the thread itself runs inline, so nested use
+    cannot deadlock.
     """
 
-    def __init__(self, name: str = "conductor-model") -> None:
+    def __init__(
+        self, name: str = "conductor-model", setup: Callable[[], None] | None = None
+    ) -> None:
         self.name = name
+        self._setup = setup  # runs first on the thread (thread-local settings such as torch's)
         self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -107,6 +114,11 @@ class ModelThread:
                 self._thread.start()
 
     def _loop(self) -> None:
+        if self._setup is not None:
+            try:
+                self._setup()
+            except Exception:  # a failed tweak must not leave callers waiting on a dead thread
+                _log.warning("model thread setup failed; running with defaults", exc_info=True)
         while True:
             future, call = self._queue.get()
             try:

@@ -419,6 +419,41 @@ def test_model_thread_raises_in_the_caller_and_keeps_serving() -> None:
     assert worker.run(lambda x, y=1: x + y, 2, y=3) == 5
 
 
+def test_model_thread_runs_its_setup_first_and_survives_a_failing_one() -> None:
+    seen: list[str] = []
+    worker = ModelThread(setup=lambda: seen.append(threading.current_thread().name))
+    assert worker.run(lambda: list(seen)) == ["conductor-model"]
+
+    def broken() -> None:
+        raise OSError("no such setting")
+
+    assert ModelThread(setup=broken).run(lambda: 7) == 7
+
+
+@pytest.mark.parametrize(
+    ("cores", "env", "cuda", "threads"),
+    [
+        (2, {}, False, 1),  # one core for the model, one for the engine
+        (8, {}, False, 7),
+        (1, {}, False, 1),
+        (2, {"OMP_NUM_THREADS": "2"}, False, None),  # the user's choice stands
+        (8, {}, True, None),  # a GPU does the work
+    ],
+)
+def test_torch_threads_leave_a_core_for_the_engine(
+    cores: int, env: dict[str, str], cuda: bool, threads: int | None, monkeypatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert local_model.torch_threads(cores, env) == threads
+
+
+def test_the_model_thread_uses_the_chosen_torch_threads() -> None:
+    cores = len(os.sched_getaffinity(0))
+    chosen = local_model.torch_threads(cores, os.environ)
+    default = torch.get_num_threads()
+    assert local_model.model_torch_threads() == (chosen or default)
+
+
 def test_generation_runs_on_the_model_thread(
     tiny: LocalModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
