@@ -92,7 +92,7 @@ def torch_threads(cores: int, env: Mapping[str, str]) -> int | None:
     spins on its core between the ~200 parallel regions of a decoding step, so a second torch
     thread on 2 cores took that core from the engine while speeding generation up by little.
     Measured there, 100 arithmetic questions at concurrency 16 (``single:smol``): 743-781 s with
-    two torch threads, 305 s with one; ``benchmarks/local_inference.py`` gave 13.6 against
+    two torch threads, 305-315 s with one; ``benchmarks/local_inference.py`` gave 13.6 against
     13.2 tok/s for one request and 53.4 against 49.2 tok/s for eight. Torch keeps the number
     for the process: threads that start using torch later, and MKL, get it too.
     """
