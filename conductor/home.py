@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["conductor_home", "artifacts_location", "models_dir"]
+__all__ = ["conductor_home", "artifacts_location", "mlflow_tracking_uri", "models_dir"]
 
 
 def conductor_home() -> Path:
@@ -26,3 +26,13 @@ def artifacts_location() -> str:
 def models_dir() -> Path:
     """Cache of converted local model weights."""
     return conductor_home() / "models"
+
+
+def mlflow_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///$CONDUCTOR_HOME/mlflow.db``."""
+    explicit = os.environ.get("MLFLOW_TRACKING_URI")
+    if explicit:
+        return explicit
+    home = conductor_home().absolute()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'mlflow.db'}"

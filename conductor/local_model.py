@@ -20,6 +20,7 @@ Optional params beyond OpenAI's: ``min_tokens`` and ``ignore_eos`` (as in vLLM).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -53,6 +55,7 @@ from conductor._batching import (
     group_key,
 )
 from conductor._litellm import fill_response, litellm, register_provider
+from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
 from conductor.errors import WorkerError
 from conductor.home import models_dir
 
@@ -70,6 +73,7 @@ __all__ = [
     "gguf_path",
     "tokenizer_from_gguf",
     "load_cached",
+    "load_weights",
     "model_torch_threads",
     "torch_threads",
 ]
@@ -138,9 +142,13 @@ class LocalModel:
         max_batch: int = 16,
         gather_s: float = 0.010,
         max_wait_s: float = 0.050,
+        adapter: str | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
+        # The LoRA adapter this model applies (a trained conductor), or None for the plain
+        # base. A base that adapters were attached to runs with every adapter disabled.
+        self.adapter = adapter
         self._batcher: MicroBatcher[GenerationRequest, Completion] = MicroBatcher(
             self._generate_group,
             group_key,
@@ -180,7 +188,13 @@ class LocalModel:
         return self._batcher.submit(request)
 
     def _generate_group(self, requests: list[GenerationRequest]) -> list[Completion]:
-        return _MODEL_THREAD.run(generate_group, self.model, self.tokenizer, requests)
+        return _MODEL_THREAD.run(self._run_group, requests)
+
+    def _run_group(self, requests: list[GenerationRequest]) -> list[Completion]:
+        # On the model thread: nothing else touches the shared model while the adapter is
+        # switched, so the base and every adapter take turns on one copy of the weights.
+        with adapter_scope(self.model, self.adapter):
+            return generate_group(self.model, self.tokenizer, requests)
 
 
 def gguf_path() -> Path:
@@ -284,6 +298,14 @@ def _load_gguf(path: Path) -> Loaded:
     return model, tokenizer_from_gguf(path)
 
 
+def load_weights(name: str) -> Loaded:
+    """A local model's dense fp32 weights and tokenizer, by the names ``local/…`` accepts.
+
+    Training starts from these (a GGUF-loaded model cannot be trained; the cache can).
+    """
+    return _load(name)
+
+
 def _load(name: str) -> Loaded:
     # transformers draws tqdm bars while converting; a CLI run keeps stderr for its own lines.
     transformers_logging.disable_progress_bar()
@@ -315,8 +337,36 @@ def _load_placed(name: str) -> Loaded:
     return _place(model), tokenizer
 
 
+def adapter_scope(model: Any, adapter: str | None) -> contextlib.AbstractContextManager[None]:
+    """Run ``model`` with LoRA adapter ``adapter`` active, or with every adapter off (None)."""
+    if not isinstance(model, PeftModel):
+        if adapter is not None:
+            raise WorkerError(f"adapter {adapter!r} is not attached to its base model")
+        return contextlib.nullcontext()
+    if adapter is None:
+        return model.disable_adapter()
+    model.set_adapter(adapter)
+    return contextlib.nullcontext()
+
+
+def _attach_adapter(base: LocalModel, path: Path, name: str) -> PreTrainedModel:
+    """Attach the adapter at ``path`` to ``base``'s weights (on the model thread)."""
+    if isinstance(base.model, PeftModel):
+        if name not in base.model.peft_config:
+            base.model.load_adapter(str(path), adapter_name=name)
+    else:
+        base.model = PeftModel.from_pretrained(base.model, str(path), adapter_name=name)
+    return base.model.eval()
+
+
 class LocalModelRegistry:
-    """One ``LocalModel`` per name per process, loaded on first use."""
+    """One ``LocalModel`` per name per process, loaded on first use.
+
+    A name that is a LoRA adapter directory (a trained conductor, ``conductor.adapters``) or
+    ``smollm2-135m-conductor`` (the adapter shipped in the package) loads its base model by
+    name through this registry and attaches the adapter to it: one copy of the base weights
+    serves the adapter and the plain base (e.g. the ``smol`` worker), on the model thread.
+    """
 
     _models: dict[str, LocalModel] = {}
     _lock = threading.Lock()
@@ -330,10 +380,26 @@ class LocalModelRegistry:
             found = cls._models.get(name)
             if found is None:
                 start = time.perf_counter()
-                model, tokenizer = _MODEL_THREAD.run(_load_placed, name)
-                found = cls._models[name] = LocalModel(model, tokenizer)
+                adapter = _adapter_path(name)
+                if adapter is not None:
+                    found = cls._with_adapter(adapter)
+                else:
+                    model, tokenizer = _MODEL_THREAD.run(_load_placed, name)
+                    found = LocalModel(model, tokenizer)
+                cls._models[name] = found
                 _log.info("loaded local model %s in %.1f s", name, time.perf_counter() - start)
             return found
+
+    @classmethod
+    def _with_adapter(cls, path: Path) -> LocalModel:
+        info = read_adapter(path)
+        base = cls._models.get(info.base)
+        if base is None:
+            model, tokenizer = _MODEL_THREAD.run(_load_placed, info.base)
+            base = cls._models[info.base] = LocalModel(model, tokenizer)
+        key = hashlib.sha256(str(info.path).encode()).hexdigest()[:12]
+        model = _MODEL_THREAD.run(_attach_adapter, base, info.path, f"conductor-{key}")
+        return LocalModel(model, base.tokenizer, adapter=f"conductor-{key}")
 
     @classmethod
     def put(
@@ -355,6 +421,22 @@ class LocalModelRegistry:
     def remove(cls, name: str) -> None:
         with cls._lock:
             cls._models.pop(name, None)
+
+
+def _adapter_path(name: str) -> Path | None:
+    """The adapter directory ``name`` refers to, or None for a plain model name."""
+    if name == EMBEDDED_ADAPTER:
+        path = embedded_adapter_path()
+        if not is_adapter_dir(path):
+            raise WorkerError(
+                f"local model {name!r}: this installation ships no trained conductor adapter",
+                retryable=False,
+            )
+        return path
+    if name == SMOLLM2:
+        return None
+    path = Path(name).expanduser()
+    return path.resolve() if is_adapter_dir(path) else None
 
 
 def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,17 +7,29 @@ names; the prompt states the three-list output format and carries four worked ex
 
 from __future__ import annotations
 
+import json
+from typing import Literal
+
 from conductor.pool import Pool
 from conductor.workflow import Workflow
 
 __all__ = [
     "FORMAT_RULES",
     "EXAMPLES",
+    "PromptStyle",
     "describe_pool",
     "conductor_messages",
     "recursion_messages",
+    "render_plan",
     "worker_messages",
 ]
+
+# "full": rules, the pool and the four worked examples (the paper's prompt, ~690 tokens for
+# the local pool). "compact": rules and the pool only (~250 tokens). A trained conductor has
+# learnt the format and needs no examples; on a CPU the prompt's length is the main cost of a
+# GRPO step and of every plan, so trained adapters use it. Training reads the style from the
+# same place serving does (the pool's ``conductor.prompt``), so the two never drift.
+PromptStyle = Literal["full", "compact"]
 
 FORMAT_RULES = """\
 You are the Conductor. You do not answer the question yourself: you write a workflow that
@@ -87,6 +99,8 @@ def describe_pool(pool: Pool) -> str:
 
 def _system(pool: Pool, max_steps: int | None) -> str:
     rules = FORMAT_RULES.format(max_steps=max_steps or pool.max_steps)
+    if pool.conductor.prompt == "compact":
+        return f"{rules}\nYour models:\n{describe_pool(pool)}"
     shots = "\n\n".join(f"Question: {q}\n{a}" for q, a in EXAMPLES)
     return (
         f"{rules}\nYour models:\n{describe_pool(pool)}\n\n"
@@ -102,6 +116,33 @@ def conductor_messages(
         {"role": "system", "content": _system(pool, max_steps)},
         {"role": "user", "content": f"Question: {question}"},
     ]
+
+
+def render_plan(workflow: Workflow, pool: Pool) -> str:
+    """A plan as the conductor writes it: one line of reasoning, then the three lists.
+
+    Workers become their ordinal "Model k" numbers in ``pool``; the lists are JSON literals,
+    which the parser reads with ``ast.literal_eval``. Used to render warm-start targets.
+
+    >>> from conductor.pool import load_pool
+    >>> print(render_plan(Workflow.single_step("calculator", "17 + 25"), load_pool()))
+    One step is enough: Model 1 does it.
+    model_id = [1]
+    subtasks = ["17 + 25"]
+    access_list = [[]]
+    """
+    ids = [pool.index_of(s.worker) for s in workflow.steps]
+    if len(ids) == 1:
+        why = f"One step is enough: Model {ids[0]} does it."
+    else:
+        chain = ", then ".join(f"Model {i}" for i in ids)
+        why = f"{len(ids)} steps: {chain}; the last one states the answer."
+    lists = workflow.to_lists()
+    return (
+        f"{why}\nmodel_id = {json.dumps(ids)}\n"
+        f"subtasks = {json.dumps(lists['subtasks'], ensure_ascii=False)}\n"
+        f"access_list = {json.dumps(lists['access_list'])}"
+    )
 
 
 def recursion_messages(

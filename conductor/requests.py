@@ -48,6 +48,19 @@ class OrchestrateRequest(BaseModel):
     artifacts: str | None = Field(
         default=None, description="Dataset root (path or URL); default $CONDUCTOR_HOME/artifacts."
     )
+    conductor: str | None = Field(
+        default=None,
+        description="A trained conductor instead of the pool's: an adapter directory, "
+        "models:/conductor@champion, or embedded.",
+    )
+    plan_text: str | None = Field(
+        default=None,
+        max_length=100_000,
+        description="Run this conductor output instead of asking the conductor (GRPO rollouts).",
+    )
+    plan_source: str | None = Field(
+        default=None, description="Who wrote plan_text; stored as the run's conductor_model."
+    )
 
 
 class RunResult(BaseModel):
@@ -88,6 +101,18 @@ class EvalRequest(BaseModel):
     pool: str | None = Field(default=None, description="Pool YAML file; empty for the local pool.")
     seed: int = Field(default=0, description="Seed of generated datasets and random plans.")
     artifacts: str | None = Field(default=None, description="Dataset root; default under home.")
+    conductor: str | None = Field(
+        default=None,
+        description="A trained conductor instead of the pool's: an adapter directory, "
+        "models:/conductor@champion, or embedded.",
+    )
+    experiment: str | None = Field(
+        default=None, description="MLflow experiment; default eval/<dataset>."
+    )
+    mlflow_tags: dict[str, str] = Field(
+        default_factory=dict, description="Extra MLflow run tags (e.g. mlflow.parentRunId)."
+    )
+    run_name: str | None = Field(default=None, description="MLflow run name; default the strategy.")
 
 
 class EvalResult(BaseModel):

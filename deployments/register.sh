@@ -4,5 +4,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 prefect work-pool inspect conductor-process >/dev/null 2>&1 \
   || prefect work-pool create conductor-process --type process
+# Training runs on its own pool; start its worker on a GPU host (CUDA_VISIBLE_DEVICES set).
+prefect work-pool inspect conductor-gpu >/dev/null 2>&1 \
+  || prefect work-pool create conductor-gpu --type process
 cd "$here/.."
 prefect --no-prompt deploy --all --prefect-file "$here/prefect.yaml"

@@ -33,6 +33,15 @@ PoolOpt = Annotated[
     typer.Option("--pool", "-p", help="Pool YAML file (default: the embedded local pool)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+ConductorOpt = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--conductor",
+        "-c",
+        help="A trained conductor instead of the pool's: an adapter directory, "
+        "models:/conductor@champion, or embedded.",
+    ),
+]
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -54,10 +63,15 @@ def _call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
     return state, result
 
 
-def _load_pool(pool: Path | None):
+def _load_pool(pool: Path | None, conductor: str | None = None):
     from conductor.pool import load_pool
 
-    return load_pool(pool)
+    loaded = load_pool(pool)
+    if conductor:
+        from conductor.adapters import with_conductor
+
+        loaded = with_conductor(loaded, conductor)
+    return loaded
 
 
 def _print_plan(workflow: Any, pool: Any, stream: Any = None) -> None:
@@ -76,19 +90,21 @@ def run(
         str, typer.Option(help="fallback: one step on the default worker; error: fail the run.")
     ] = "fallback",
     max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
+    conductor: ConductorOpt = None,
 ) -> None:
     """Plan QUESTION with the conductor and run the plan as a Prefect flow."""
     from pydantic import ValidationError
 
     from conductor.requests import OrchestrateRequest
 
-    _load_pool(pool)  # fail fast on a bad pool, before Prefect starts
+    _load_pool(pool, conductor)  # fail fast on a bad pool or adapter, before Prefect starts
     try:
         request = OrchestrateRequest(
             question=question,
             pool=str(pool) if pool else None,
             on_invalid_plan=on_invalid_plan,  # type: ignore[arg-type]
             max_steps=max_steps,
+            conductor=conductor,
         )
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -144,6 +160,7 @@ def eval_(
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of generated data and random plans.")] = 0,
     pool: PoolOpt = None,
+    conductor: ConductorOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a strategy on a dataset; every question is a run, the eval an MLflow run."""
@@ -153,7 +170,7 @@ def eval_(
     from conductor.requests import EvalRequest
     from conductor.strategies import parse_strategy
 
-    p = _load_pool(pool)
+    p = _load_pool(pool, conductor)
     parse_strategy(strategy, p)
     load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
     try:
@@ -165,6 +182,7 @@ def eval_(
             concurrency=concurrency,
             pool=str(pool) if pool else None,
             seed=seed,
+            conductor=conductor,
         )
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -218,12 +236,13 @@ def plan(
     pool: PoolOpt = None,
     as_json: JsonOpt = False,
     max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
+    conductor: ConductorOpt = None,
 ) -> None:
     """Ask the conductor for a plan and print it, validated, without running it."""
     from conductor.plan import parse_plan
     from conductor.policy import LiteLLMPolicy
 
-    p = _load_pool(pool)
+    p = _load_pool(pool, conductor)
     completion = LiteLLMPolicy(max_steps).write_plan(question, p)
     try:
         workflow = parse_plan(completion.text, p, max_steps=max_steps)
@@ -255,6 +274,94 @@ def validate(
         _fail(f"{file}: {exc.strerror or exc}")
     workflow = parse_plan(text, _load_pool(pool), max_steps=max_steps)
     print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
+
+
+@app.command("train-conductor")
+def train_conductor_cmd(
+    dataset: Annotated[
+        str, typer.Option(help="Training questions: arithmetic, or a JSONL/Parquet/CSV file.")
+    ] = "arithmetic",
+    max_steps: Annotated[int, typer.Option(help="GRPO steps.")] = 30,
+    num_generations: Annotated[int, typer.Option(help="Rollouts per question (G).")] = 4,
+    batch_size: Annotated[int, typer.Option(help="Rollouts per GRPO step.")] = 8,
+    max_completion_length: Annotated[int, typer.Option(help="Plan tokens at most.")] = 128,
+    learning_rate: Annotated[float, typer.Option(help="GRPO learning rate.")] = 5e-5,
+    loss_type: Annotated[str, typer.Option(help="TRL loss_type.")] = "grpo",
+    base: Annotated[
+        str, typer.Option(help="Base model: smollm2-135m-instruct or an HF model directory.")
+    ] = "smollm2-135m-instruct",
+    init_adapter: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Continue from a conductor (adapter directory or models:/…)."),
+    ] = None,
+    warm_start: Annotated[
+        bool,
+        typer.Option("--warm-start", help="SFT on verified-correct runs of the store first."),
+    ] = False,
+    warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 2.0,
+    limit: Annotated[Optional[int], typer.Option(help="First N training questions.")] = None,  # noqa: UP045
+    eval_limit: Annotated[int, typer.Option(help="Held-out questions, before and after.")] = 200,
+    no_eval_before: Annotated[
+        bool, typer.Option("--no-eval-before", help="Skip evaluating the starting conductor.")
+    ] = False,
+    orchrm_weight: Annotated[float, typer.Option(help="Weight of the OrchRM reward.")] = 0.0,
+    token_penalty: Annotated[
+        float, typer.Option(help="Weight of the token-cost penalty (tokens/1k).")
+    ] = 0.0,
+    no_promote: Annotated[
+        bool, typer.Option("--no-promote", help="Register as candidate only.")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    pool: PoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train the conductor with GRPO (TRL + PEFT) on executed plans; register it in MLflow."""
+    from pydantic import ValidationError
+
+    from conductor.datasets import load_dataset
+    from conductor.training import TrainConductorRequest, TrainConductorResult
+
+    _load_pool(pool)
+    load_dataset(dataset, split="train", limit=1, seed=seed)  # a bad dataset fails here
+    try:
+        request = TrainConductorRequest(
+            dataset=dataset,
+            limit=limit,
+            eval_limit=eval_limit,
+            eval_before=not no_eval_before,
+            pool=str(pool) if pool else None,
+            base=base,
+            init_adapter=init_adapter,
+            warm_start=warm_start,
+            warm_start_epochs=warm_start_epochs,
+            max_steps=max_steps,
+            num_generations=num_generations,
+            batch_size=batch_size,
+            max_completion_length=max_completion_length,
+            learning_rate=learning_rate,
+            loss_type=loss_type,
+            orchrm_weight=orchrm_weight,
+            token_penalty_weight=token_penalty,
+            promote=not no_promote,
+            seed=seed,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
+    if orchrm_weight:
+        _fail("--orchrm-weight: OrchRM (issue #9) is not available yet")
+    from flows.train_conductor import train_conductor
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    _, result = _call_flow(train_conductor, request)
+    if not isinstance(result, TrainConductorResult):
+        _fail(str(result).strip().splitlines()[0] if result else "training crashed", code=1)
+    if as_json:
+        print(result.model_dump_json(exclude={"adapter_dir", "model_version"}))
+        return
+    for key, value in result.model_dump().items():
+        print(f"{key:<22} {value}")
 
 
 @artifacts_app.callback()

@@ -81,6 +81,7 @@ def _request(ex: Example, req: EvalRequest, eval_id: str, strategy: str) -> Orch
         meta=ex.meta,
         tags={"eval_id": eval_id, "dataset": req.dataset, "split": req.split},
         artifacts=req.artifacts,
+        conductor=req.conductor,
     )
 
 
@@ -152,10 +153,10 @@ def evaluate(request: EvalRequest) -> EvalResult:
     }
     metrics["wall_s"] = time.perf_counter() - started
     dataset_name = Path(request.dataset).stem if Path(request.dataset).suffix else request.dataset
-    experiment = f"eval/{dataset_name}"
+    experiment = request.experiment or f"eval/{dataset_name}"
     mlflow_run_id = log_eval(
         experiment,
-        strategy,
+        request.run_name or strategy,
         params={
             "pool": request.pool or "embedded:local",
             "strategy": strategy,
@@ -164,10 +165,11 @@ def evaluate(request: EvalRequest) -> EvalResult:
             "limit": request.limit,
             "concurrency": request.concurrency,
             "seed": request.seed,
+            "conductor": request.conductor,
         },
         metrics=metrics,
         rows=rows,
-        tags={"eval_id": eval_id},
+        tags={"eval_id": eval_id, **request.mlflow_tags},
     )
     return EvalResult(
         eval_id=eval_id,

@@ -28,9 +28,11 @@ from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
+from conductor.adapters import with_conductor
 from conductor.datasets import Example
 from conductor.errors import ConductorError, PlanError, WorkerError
 from conductor.home import artifacts_location
+from conductor.llm import Completion
 from conductor.plan import extract_plan, parse_plan, validate_plan
 from conductor.pool import Pool, load_pool
 from conductor.records import RunRecord, StepRecord
@@ -306,7 +308,17 @@ def _make_plan(
     if strategy.kind == "random-plan":
         seed = int(hashlib.sha256(ids.question_id.encode()).hexdigest()[:8], 16) + request.seed
         return _Plan(random_plan(pool, seed, request.question, ids.max_steps))
-    plan = write_plan(request.question, pool, ids.max_steps)
+    if request.plan_text is not None:  # written elsewhere (a GRPO rollout): only run it
+        plan = Completion(
+            text=request.plan_text,
+            model=request.plan_source or "external",
+            input_tokens=0,
+            output_tokens=0,
+            cost_usd=0.0,
+            latency_s=0.0,
+        )
+    else:
+        plan = write_plan(request.question, pool, ids.max_steps)
     usage.add(plan.input_tokens, plan.output_tokens, plan.cost_usd)
     try:
         workflow = parse_plan(
@@ -338,6 +350,8 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     """Answer one question with a conductor-written plan; store every step as an artifact."""
     started = time.perf_counter()
     pool = load_pool(request.pool)
+    if request.conductor:
+        pool = with_conductor(pool, request.conductor)
     strategy = parse_strategy(request.strategy, pool)
     if strategy.kind == "self-consistency":
         pool = pool.with_sampling(strategy.worker or "", SELF_CONSISTENCY_TEMPERATURE)
@@ -391,7 +405,11 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
         question_id=ids.question_id,
         question=request.question,
         reference=request.reference,
-        conductor_model=pool.conductor.model if strategy.uses_conductor else f"({strategy})",
+        conductor_model=(
+            (request.plan_source or pool.conductor.model)
+            if strategy.uses_conductor
+            else f"({strategy})"
+        ),
         conductor_output=plan.text,
         workflow_json=json.dumps(plan.workflow.to_lists()) if plan.workflow else None,
         format_valid=format_valid,

@@ -15,21 +15,17 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from conductor.home import conductor_home
+from conductor.home import conductor_home, mlflow_tracking_uri
 
-__all__ = ["tracking_uri", "log_eval"]
+__all__ = ["tracking_uri", "log_eval", "mlflow_experiment"]
 
 
 def tracking_uri() -> str:
-    explicit = os.environ.get("MLFLOW_TRACKING_URI")
-    if explicit:
-        return explicit
-    home = conductor_home().absolute()
-    home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{home / 'mlflow.db'}"
+    return mlflow_tracking_uri()
 
 
-def _experiment(mlflow: Any, name: str) -> str:
+def mlflow_experiment(mlflow: Any, name: str) -> str:
+    """The id of experiment ``name``, created with artifacts under the home if missing."""
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -58,7 +54,7 @@ def log_eval(
     import mlflow  # heavy import, only when an eval is logged
 
     mlflow.set_tracking_uri(tracking_uri())
-    experiment_id = _experiment(mlflow, experiment)
+    experiment_id = mlflow_experiment(mlflow, experiment)
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
         mlflow.log_params({k: ("" if v is None else v) for k, v in params.items()})
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None})

@@ -1,0 +1,114 @@
+"""Warm-start data for the conductor: verified-correct runs of the artifact store, as plans.
+
+GRPO learns nothing while every sampled plan scores the same: the base SmolLM2 conductor
+wrote no valid plan in 12 samples (issue #8), so every group had zero variance. A short
+supervised stage first teaches the *format* from runs that already happened and were
+verified correct, whatever strategy made them (single workers, random plans that happened
+to work, earlier conductors). Each becomes one example: the conductor prompt for its question
+(``conductor.prompts``, the same text as serving) and its plan rendered in the paper's
+three-list format.
+
+What it never reads: the dataset's reference answers and the generator's ``expression``
+field. It selects the columns below before anything else, so a target can only hold what a
+run's plan held; what the conductor learns beyond the format it learns from reward.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from conductor.pool import Pool
+from conductor.prompts import conductor_messages, render_plan
+from conductor.workflow import Step, Workflow
+
+__all__ = ["WARM_START_COLUMNS", "warm_start_examples"]
+
+# The only columns read from the runs table.
+WARM_START_COLUMNS = ("question_id", "question", "workflow_json", "correct", "status", "tags")
+
+
+def _true(value: Any) -> bool:
+    """True only for a real true (Parquet gives numpy bools; a null stays not-true)."""
+    return bool(value.item() if hasattr(value, "item") else value) if value is not None else False
+
+
+def _strategy(tags: Any) -> str:
+    pairs = tags.items() if isinstance(tags, dict) else (tags if tags is not None else [])
+    return dict(pairs).get("strategy", "")
+
+
+def _workflow(lists_json: str, pool: Pool) -> Workflow | None:
+    """The stored plan, if every worker it names is still in ``pool``."""
+    try:
+        lists = json.loads(lists_json)
+        names = {w.name for w in pool.workers if w.kind != "conductor"}
+        steps = []
+        for i, (worker, subtask, access) in enumerate(
+            zip(lists["model_id"], lists["subtasks"], lists["access_list"], strict=True)
+        ):
+            if worker not in names:
+                return None
+            steps.append(Step(index=i, worker=worker, instruction=subtask, access=tuple(access)))
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not steps or len(steps) > pool.max_steps:
+        return None
+    return Workflow(steps=tuple(steps))
+
+
+def warm_start_examples(
+    runs: pd.DataFrame,
+    pool: Pool,
+    *,
+    exclude_questions: Iterable[str] = (),
+    per_question: int = 1,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Prompt/completion rows (TRL's conversational format) from verified-correct runs.
+
+    - only runs with ``correct`` true and status ``completed``, whose plan decided the answer
+      (self-consistency answers by a vote, not by its plan's last step, so it is skipped);
+    - ``exclude_questions`` (the held-out split) never appear;
+    - at most ``per_question`` distinct plans per question, deduplicated, in run order;
+    - at most ``limit`` rows, drawn with ``seed`` (a step on 2 CPU cores costs about a
+      minute, so the warm start is kept short).
+    """
+    missing = [c for c in WARM_START_COLUMNS if c not in runs.columns]
+    if missing:
+        raise ValueError(f"runs table lacks {missing}")
+    runs = runs.loc[:, list(WARM_START_COLUMNS)]
+    excluded = {q.strip() for q in exclude_questions}
+    seen: dict[str, set[str]] = {}
+    rows: list[dict[str, Any]] = []
+    for run in runs.itertuples(index=False):
+        if not _true(run.correct) or run.status != "completed" or not run.workflow_json:
+            continue
+        if _strategy(run.tags).startswith("self-consistency"):
+            continue
+        question = str(run.question).strip()
+        if question in excluded:
+            continue
+        workflow = _workflow(run.workflow_json, pool)
+        if workflow is None:
+            continue
+        target = render_plan(workflow, pool)
+        plans = seen.setdefault(question, set())
+        if target in plans or len(plans) >= per_question:
+            continue
+        plans.add(target)
+        rows.append(
+            {
+                "prompt": conductor_messages(question, pool),
+                "completion": [{"role": "assistant", "content": target}],
+                "question_id": run.question_id,
+            }
+        )
+    if limit is not None and len(rows) > limit:
+        rows = random.Random(seed).sample(rows, limit)
+    return rows

@@ -1,0 +1,230 @@
+"""The ``train-conductor`` flow: warm start, GRPO on executed plans, evaluation, registry.
+
+Stages (issue #8), each a task run and, in MLflow, a run nested under the training run of
+experiment ``train/conductor``:
+
+1. evaluate the starting conductor on the held-out split (``evaluate`` subflow);
+2. optionally a warm start (SFT) on verified-correct runs of the artifact store;
+3. GRPO: the policy samples ``num_generations`` plans per question, every plan runs as an
+   ``orchestrate`` subflow (a step's rollouts concurrently), is verified and stored in the
+   ``runs``/``steps`` tables tagged with the training run and step, and its reward (0 / 0.5
+   / 1) drives the update;
+4. evaluate the trained adapter on the same held-out questions;
+5. register it as model ``conductor`` (alias ``candidate``), promoted to ``champion`` only
+   if it beats the champion on those questions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from conductor.adapters import resolve_conductor
+from conductor.datasets import load_dataset
+from conductor.errors import ConductorError
+from conductor.home import conductor_home
+from conductor.pool import Pool, load_pool
+from conductor.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
+from conductor.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
+from conductor.store import ArtifactStore
+from conductor.training import TrainConductorRequest, TrainConductorResult
+from conductor.warm_start import warm_start_examples
+from flows.evaluate import evaluate, run_question
+from tasks.training import (
+    EXPERIMENT,
+    champion_needs_eval,
+    finish_training_run,
+    grpo_train,
+    register_conductor,
+    start_training_run,
+    warm_start_train,
+)
+
+__all__ = ["train_conductor"]
+
+
+def _outcome(result: object) -> RolloutOutcome | None:
+    if not isinstance(result, RunResult) or result.reward is None:
+        return None  # the run itself crashed: no opinion on the plan
+    return RolloutOutcome(
+        reward=result.reward,
+        format_valid=result.format_valid,
+        correct=bool(result.correct),
+        tokens=result.input_tokens + result.output_tokens,
+        run_id=result.run_id,
+        answer=result.answer,
+    )
+
+
+def rollout_executor(request: TrainConductorRequest, source: str, run_id: str):
+    """Runs a batch of rollouts as ``orchestrate`` subflows, at most N at once."""
+    gate = threading.Semaphore(request.rollout_concurrency)
+
+    def execute(rollouts: list[Rollout], step: int) -> list[RolloutOutcome | None]:
+        futures = []
+        for i, r in enumerate(rollouts):
+            gate.acquire()
+            future = run_question.submit(
+                OrchestrateRequest(
+                    question=r.question,
+                    pool=request.pool,
+                    question_id=r.question_id,
+                    reference=r.reference,
+                    kind=r.kind,  # type: ignore[arg-type]
+                    meta=r.meta,
+                    plan_text=r.plan_text,
+                    plan_source=source,
+                    on_invalid_plan="error",  # an invalid plan scores 0; nothing runs
+                    tags={
+                        "train_run": run_id,
+                        "train_step": str(step),
+                        "rollout": str(i),
+                        "dataset": request.dataset,
+                        "split": request.split,
+                        "strategy": "grpo-rollout",
+                    },
+                )
+            )
+            future.add_done_callback(lambda _f: gate.release())
+            futures.append(future)
+        return [_outcome(f.result(raise_on_failure=False)) for f in futures]
+
+    return execute
+
+
+def _eval(request: TrainConductorRequest, conductor: str | None, name: str, parent: str):
+    state = evaluate(
+        EvalRequest(
+            dataset=request.dataset,
+            split=request.eval_split,
+            limit=request.eval_limit,
+            strategy="conductor",
+            concurrency=request.eval_concurrency,
+            pool=request.pool,
+            seed=request.seed,
+            conductor=conductor,
+            experiment=EXPERIMENT,
+            run_name=name,
+            mlflow_tags={"mlflow.parentRunId": parent, "stage": name},
+        ),
+        return_state=True,
+    )
+    result = state.result(raise_on_failure=False)
+    if not isinstance(result, EvalResult):
+        raise ConductorError(f"evaluation '{name}' failed: {result}")
+    return result
+
+
+def _training_pool(request: TrainConductorRequest) -> Pool:
+    pool = load_pool(request.pool)
+    conductor = pool.conductor.model_copy(update={"prompt": request.prompt})
+    return pool.model_copy(update={"conductor": conductor})
+
+
+@flow(
+    name="train-conductor",
+    flow_run_name="train conductor · {request.dataset}",
+    task_runner=ThreadPoolTaskRunner(64),
+    log_prints=False,
+)
+def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
+    """Train the conductor with GRPO on executed plans; register and maybe promote it."""
+    started = time.perf_counter()
+    log = get_run_logger()
+    if request.orchrm_weight:
+        raise ConductorError("orchrm_weight: OrchRM (issue #9) is not available yet; leave it at 0")
+    pool = _training_pool(request)
+    train = load_dataset(
+        request.dataset, split=request.split, limit=request.limit, seed=request.seed
+    )
+    heldout = load_dataset(
+        request.dataset, split=request.eval_split, limit=request.eval_limit, seed=request.seed
+    )
+    signature = f"{request.dataset}/{request.eval_split}/{request.eval_limit}/{request.seed}"
+    run_id = start_training_run(request, {"flow_run_id": str(flow_run.id or "")})
+    output_dir = Path(request.output_dir or conductor_home() / "training" / run_id).absolute()
+    status = "FAILED"
+    try:
+        before = (
+            _eval(request, request.init_adapter, "before", run_id) if request.eval_before else None
+        )
+        init = resolve_conductor(request.init_adapter).path if request.init_adapter else None
+        n_warm = None
+        if request.warm_start:
+            runs = ArtifactStore().read_pandas("runs")
+            examples = warm_start_examples(
+                runs,
+                pool,
+                exclude_questions=[e.question for e in heldout],
+                limit=request.warm_start_examples,
+                seed=request.seed,
+            )
+            n_warm = len(examples)
+            if not examples:
+                raise ConductorError(
+                    "warm start: the artifact store holds no verified-correct run outside the "
+                    "held-out split; run e.g. `conductor eval --dataset arithmetic --split train "
+                    "--strategy random-plan` first"
+                )
+            log.info("warm start on %d verified-correct plans", n_warm)
+            init = warm_start_train(request, examples, output_dir, run_id)
+        source = f"grpo:{run_id}"
+        reward = ExecutedPlanReward(rollout_executor(request, source, run_id))
+        grpo = grpo_train(request, pool, train, init, reward, output_dir, run_id)
+        after = _eval(request, str(grpo.adapter_dir), "after", run_id)
+        champion = champion_needs_eval(signature) if request.promote else None
+        champion_acc = _eval(request, champion, "champion", run_id).accuracy if champion else None
+        registration = register_conductor(
+            run_id, grpo.adapter_dir, after.accuracy, signature, request.promote, champion_acc
+        )
+        status = "FINISHED"
+    finally:
+        wall = time.perf_counter() - started
+        if status != "FINISHED":
+            finish_training_run(run_id, {"wall_s": wall}, status)
+    metrics = {
+        "wall_s": wall,
+        "grpo_steps": grpo.steps,
+        "rollouts": grpo.rollouts,
+        "rollouts_per_s": grpo.rollouts / grpo.wall_s if grpo.wall_s else None,
+        "steps_per_s": grpo.steps / grpo.wall_s if grpo.wall_s else None,
+        "reward_first": grpo.rewards[0] if grpo.rewards else None,
+        "reward_last": grpo.rewards[-1] if grpo.rewards else None,
+        "accuracy_before": before.accuracy if before else None,
+        "accuracy_after": after.accuracy,
+        "format_valid_before": before.format_valid_rate if before else None,
+        "format_valid_after": after.format_valid_rate,
+        "warm_start_examples": n_warm,
+        "promoted": float(registration.promoted),
+    }
+    finish_training_run(run_id, metrics, "FINISHED")
+    log.info(
+        "accuracy %s -> %.3f, valid plans %s -> %s; model conductor v%s%s",
+        f"{before.accuracy:.3f}" if before else "-",
+        after.accuracy,
+        before.format_valid_rate if before else "-",
+        after.format_valid_rate,
+        registration.version,
+        " promoted to champion" if registration.promoted else "",
+    )
+    return TrainConductorResult(
+        run_id=run_id,
+        steps=grpo.steps,
+        wall_s=round(wall, 1),
+        warm_start_examples=n_warm,
+        reward_first=metrics["reward_first"],
+        reward_last=metrics["reward_last"],
+        format_valid_before=metrics["format_valid_before"],
+        format_valid_after=metrics["format_valid_after"],
+        accuracy_before=metrics["accuracy_before"],
+        accuracy_after=after.accuracy,
+        adapter_uri=f"models:/conductor/{registration.version}",
+        adapter_dir=str(grpo.adapter_dir),
+        model_version=registration.version,
+        promoted=registration.promoted,
+    )

@@ -1,0 +1,310 @@
+"""Training tasks for the conductor (issue #8): warm start, GRPO, the MLflow registry.
+
+Each stage is one Prefect task and one MLflow run nested under the training run, in
+experiment ``train/conductor``; TRL's own MLflow callback (``report_to="mlflow"``) logs the
+stage's curves into it (loss, reward, reward std, completion length, the rewards' own
+``format_valid`` and ``accuracy``). The adapters are PEFT directories with
+``conductor.json`` (``conductor.adapters``), so serving loads exactly what was trained.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from conductor.adapters import write_adapter_meta
+from conductor.datasets import Example
+from conductor.pool import Pool
+from conductor.prompts import conductor_messages
+from conductor.rewards import ExecutedPlanReward, TokenCostPenalty
+from conductor.training import (
+    TrainConductorRequest,
+    grpo_config,
+    load_trainable_base,
+    lora_config,
+    sft_config,
+    should_promote,
+)
+from tasks.tracking import mlflow_experiment, tracking_uri
+
+__all__ = [
+    "EXPERIMENT",
+    "MODEL_NAME",
+    "GrpoOutcome",
+    "finish_training_run",
+    "grpo_train",
+    "register_conductor",
+    "start_training_run",
+    "warm_start_train",
+]
+
+EXPERIMENT = "train/conductor"
+MODEL_NAME = "conductor"
+
+
+def _mlflow() -> Any:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return mlflow
+
+
+def _use_all_cores() -> None:
+    # The local provider leaves a core for Prefect's engine (torch_threads); a training
+    # step is one big computation and wants every core.
+    import os
+
+    import torch
+
+    if not os.environ.get("OMP_NUM_THREADS") and not torch.cuda.is_available():
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+
+@task(cache_policy=NO_CACHE, name="start-training-run", retries=2, retry_delay_seconds=1)
+def start_training_run(request: TrainConductorRequest, tags: dict[str, str]) -> str:
+    """Open the MLflow run of this training (experiment ``train/conductor``)."""
+    mlflow = _mlflow()
+    experiment_id = mlflow_experiment(mlflow, EXPERIMENT)
+    run = mlflow.MlflowClient().create_run(experiment_id, run_name="train-conductor", tags=tags)
+    params = request.model_dump(exclude={"output_dir"})
+    mlflow.MlflowClient().log_batch(
+        run.info.run_id,
+        params=[mlflow.entities.Param(k, "" if v is None else str(v)) for k, v in params.items()],
+    )
+    return run.info.run_id
+
+
+@task(cache_policy=NO_CACHE, name="finish-training-run", retries=2, retry_delay_seconds=1)
+def finish_training_run(run_id: str, metrics: dict[str, float | None], status: str) -> None:
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient()
+    stamp = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[
+            mlflow.entities.Metric(k, float(v), stamp, 0)
+            for k, v in metrics.items()
+            if v is not None
+        ],
+    )
+    client.set_terminated(run_id, status=status)
+
+
+def _save_adapter(model: Any, directory: Path, request: TrainConductorRequest, **prov: Any) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(directory))
+    write_adapter_meta(directory, request.base, request.prompt, provenance=prov)
+
+
+@task(cache_policy=NO_CACHE, name="warm-start", task_run_name="warm start · SFT")
+def warm_start_train(
+    request: TrainConductorRequest,
+    examples: list[dict[str, Any]],
+    output_dir: Path,
+    parent_run_id: str,
+) -> Path:
+    """TRL ``SFTTrainer`` + LoRA on verified-correct plans; returns the adapter directory."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    _use_all_cores()
+    mlflow = _mlflow()
+    model, tokenizer = load_trainable_base(request.base)
+    rows = [{"prompt": e["prompt"], "completion": e["completion"]} for e in examples]
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(request, output_dir / "sft", len(rows)),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=lora_config(request),
+    )
+    started = time.perf_counter()
+    with mlflow.start_run(run_name="warm-start", nested=True, parent_run_id=parent_run_id):
+        mlflow.set_tag("stage", "warm-start")
+        mlflow.log_param("warm_start_examples", len(rows))
+        result = trainer.train()
+        mlflow.log_metric("stage_wall_s", time.perf_counter() - started)
+    target = output_dir / "warm-start"
+    _save_adapter(
+        trainer.model,
+        target,
+        request,
+        stage="warm-start",
+        examples=len(rows),
+        steps=result.global_step,
+        mlflow_run=parent_run_id,
+    )
+    get_run_logger().info(
+        "warm start: %d examples, %d steps, loss %.3f -> %s",
+        len(rows),
+        result.global_step,
+        result.training_loss,
+        target,
+    )
+    return target
+
+
+@dataclass
+class GrpoOutcome:
+    adapter_dir: Path
+    steps: int
+    wall_s: float
+    rollouts: int
+    rewards: list[float] = field(default_factory=list)  # mean plan reward per step
+
+
+def _grpo_rows(examples: list[Example], pool: Pool) -> list[dict[str, Any]]:
+    return [
+        {
+            "prompt": conductor_messages(e.question, pool),
+            "question": e.question,
+            "question_id": e.id,
+            "reference": e.reference,  # for the verifier inside the reward, never a target
+            "kind": e.kind,
+            "meta": json.dumps(e.meta),
+        }
+        for e in examples
+    ]
+
+
+@task(cache_policy=NO_CACHE, name="grpo", task_run_name="GRPO · {request.max_steps} steps")
+def grpo_train(
+    request: TrainConductorRequest,
+    pool: Pool,
+    examples: list[Example],
+    init_adapter: Path | None,
+    plan_reward: ExecutedPlanReward,
+    output_dir: Path,
+    parent_run_id: str,
+) -> GrpoOutcome:
+    """TRL ``GRPOTrainer`` + LoRA; the reward executes every rollout's plan."""
+    from datasets import Dataset
+    from peft import PeftModel
+    from trl import GRPOTrainer
+
+    _use_all_cores()
+    mlflow = _mlflow()
+    model, tokenizer = load_trainable_base(request.base)
+    peft_config = None
+    if init_adapter is not None:
+        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
+    else:
+        peft_config = lora_config(request)
+    reward_funcs: list[Any] = [plan_reward]
+    weights = [1.0]
+    if request.token_penalty_weight:
+        reward_funcs.append(TokenCostPenalty(plan_reward))
+        weights.append(request.token_penalty_weight)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=grpo_config(request, output_dir / "grpo", weights),
+        train_dataset=Dataset.from_list(_grpo_rows(examples, pool)),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    started = time.perf_counter()
+    with mlflow.start_run(run_name="grpo", nested=True, parent_run_id=parent_run_id):
+        mlflow.set_tag("stage", "grpo")
+        result = trainer.train()
+        wall = time.perf_counter() - started
+        mlflow.log_metric("stage_wall_s", wall)
+        mlflow.log_metric("rollouts_per_s", len(plan_reward.samples) / wall)
+        mlflow.log_metric("steps_per_s", result.global_step / wall)
+        if plan_reward.samples:
+            table = {k: [s[k] for s in plan_reward.samples] for k in plan_reward.samples[0]}
+            mlflow.log_table(table, artifact_file="sampled_completions.json")
+    per_step: dict[int, list[float]] = {}
+    for s in plan_reward.samples:
+        if s["reward"] is not None:
+            per_step.setdefault(s["step"], []).append(s["reward"])
+    rewards = [sum(v) / len(v) for _, v in sorted(per_step.items())]
+    target = output_dir / "adapter"
+    _save_adapter(
+        trainer.model,
+        target,
+        request,
+        stage="grpo",
+        steps=result.global_step,
+        warm_start=str(init_adapter) if init_adapter else None,
+        mlflow_run=parent_run_id,
+        wall_s=round(wall, 1),
+    )
+    return GrpoOutcome(target, result.global_step, wall, len(plan_reward.samples), rewards)
+
+
+@dataclass(frozen=True)
+class Registration:
+    version: str
+    champion_accuracy: float | None
+    promoted: bool
+
+
+def _champion_accuracy(client: Any, signature: str) -> tuple[bool, float | None]:
+    """(a champion exists, its held-out accuracy on ``signature``'s questions, if known)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        champion = client.get_model_version_by_alias(MODEL_NAME, "champion")
+    except MlflowException:
+        return False, None
+    if champion.tags.get("heldout") != signature:
+        return True, None
+    return True, float(champion.tags["heldout_accuracy"])
+
+
+@task(cache_policy=NO_CACHE, name="register-conductor", retries=2, retry_delay_seconds=1)
+def register_conductor(
+    run_id: str,
+    adapter_dir: Path,
+    accuracy: float,
+    signature: str,
+    promote: bool,
+    champion_accuracy: float | None = None,
+) -> Registration:
+    """Log the adapter, register it as ``conductor`` (alias ``candidate``), and promote it
+    to ``champion`` only if it beats the champion on the same held-out questions.
+
+    ``champion_accuracy`` is the champion's accuracy measured in this training run, for a
+    champion whose recorded accuracy was on other questions (``signature`` differs).
+    """
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient()
+    client.log_artifacts(run_id, str(adapter_dir), artifact_path="adapter")
+    run = client.get_run(run_id)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(MODEL_NAME)
+    except MlflowException:
+        client.create_registered_model(MODEL_NAME)
+    exists, recorded = _champion_accuracy(client, signature)
+    if champion_accuracy is None:
+        champion_accuracy = recorded
+    version = client.create_model_version(
+        MODEL_NAME,
+        source=f"{run.info.artifact_uri}/adapter",
+        run_id=run_id,
+        tags={"heldout": signature, "heldout_accuracy": f"{accuracy:.6f}"},
+    )
+    client.set_registered_model_alias(MODEL_NAME, "candidate", version.version)
+    promoted = promote and should_promote(accuracy, champion_accuracy if exists else None)
+    if exists and champion_accuracy is None:
+        promoted = False  # never promote over a champion we could not compare against
+    if promoted:
+        client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
+    return Registration(str(version.version), champion_accuracy, promoted)
+
+
+def champion_needs_eval(signature: str) -> str | None:
+    """``models:/conductor@champion`` if a champion exists whose accuracy on ``signature``'s
+    questions is unknown (so the flow must evaluate it), else None."""
+    client = _mlflow().MlflowClient()
+    exists, recorded = _champion_accuracy(client, signature)
+    return f"models:/{MODEL_NAME}@champion" if exists and recorded is None else None

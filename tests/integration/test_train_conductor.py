@@ -1,0 +1,278 @@
+"""Conductor training end to end on the CPU: a tiny random base model, fake workers.
+
+- the executed-plan reward scores 0 / 0.5 / 1 and stores every rollout, tagged;
+- GRPO steps (TRL) change the LoRA weights when rewards differ;
+- the whole ``train-conductor`` flow: warm start from stored runs, GRPO, before/after evals,
+  MLflow runs in a temp sqlite store, the registered model and its aliases;
+- a saved adapter serves through ``local/<dir>`` and ``--conductor``, and the base model it
+  shares still answers as before with the adapter disabled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import litellm
+import pytest
+import torch
+import yaml
+from prefect import flow
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from conductor.local_model import LocalModelRegistry, register, tokenizer_from_gguf
+from conductor.pool import load_pool
+from conductor.requests import EvalRequest
+from conductor.rewards import ExecutedPlanReward, Rollout
+from conductor.store import ArtifactStore
+from conductor.training import TrainConductorRequest
+from tests.fakes import ANSWERS
+
+pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
+
+QUESTIONS = {"What is 2 + 3?": "5", "What is 10 - 4?": "6", "What is 7 * 6?": "42"}
+RIGHT = 'model_id = [0]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
+WRONG = 'model_id = [1]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory) -> Path:
+    """A tiny random Llama with the SmolLM2 tokenizer, saved as an HF model directory."""
+    tokenizer = tokenizer_from_gguf()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    )
+    path = tmp_path_factory.mktemp("tiny-base")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture()
+def setup(tmp_path, monkeypatch, tiny_base):
+    home = tmp_path / "home"
+    monkeypatch.setenv("CONDUCTOR_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
+    data = tmp_path / "mini.jsonl"
+    rows = [
+        {"id": f"q{i}", "question": q, "reference": a, "kind": "math", "split": split}
+        for split in ("train", "test")
+        for i, (q, a) in enumerate(QUESTIONS.items())
+    ]
+    for r in rows:
+        r["id"] = f"{r['split']}-{r['id']}"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    ANSWERS.clear()
+    ANSWERS.update({q: f"The answer is {a}." for q, a in QUESTIONS.items()})
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        yaml.safe_dump(
+            {
+                # The conductor is the tiny local model; workers are fakes.
+                "conductor": {
+                    "model": f"local/{tiny_base}",
+                    "params": {"temperature": 0.0, "max_tokens": 16},
+                },
+                "workers": [
+                    {"name": "oracle", "model": "fake/lookup", "description": "Knows answers."},
+                    {"name": "echo", "model": "fake/echo", "description": "Repeats."},
+                ],
+            }
+        )
+    )
+    register()
+    yield data, pool, home
+    LocalModelRegistry.remove(str(tiny_base))
+
+
+def _request(data, pool, tiny_base, **kw) -> TrainConductorRequest:
+    defaults = dict(
+        dataset=str(data),
+        pool=str(pool),
+        base=str(tiny_base),
+        eval_limit=2,
+        eval_concurrency=2,
+        max_steps=2,
+        num_generations=2,
+        batch_size=4,
+        max_completion_length=12,
+        learning_rate=1e-2,
+        warm_start_epochs=1,
+    )
+    return TrainConductorRequest(**{**defaults, **kw})
+
+
+def test_executed_reward_scores_invalid_wrong_and_correct_plans_and_stores_them(setup, tiny_base):
+    from flows.train_conductor import rollout_executor
+
+    data, pool, _ = setup
+    request = _request(data, pool, tiny_base)
+
+    @flow
+    def score() -> list[float | None]:
+        reward = ExecutedPlanReward(rollout_executor(request, "grpo:test", "train-1"))
+        return reward(
+            ["p"] * 3,
+            [[{"role": "assistant", "content": t}] for t in ("no plan here", WRONG, RIGHT)],
+            question=["What is 2 + 3?"] * 3,
+            question_id=["train-q0"] * 3,
+            reference=["5"] * 3,
+            kind=["math"] * 3,
+            meta=["{}"] * 3,
+            trainer_state=type("S", (), {"global_step": 7})(),
+        )
+
+    assert score() == [0.0, 0.5, 1.0]
+    runs = ArtifactStore().read_pandas("runs")
+    assert len(runs) == 3
+    tags = [dict(t) for t in runs["tags"]]
+    assert {t["train_run"] for t in tags} == {"train-1"}
+    assert {t["train_step"] for t in tags} == {"7"}
+    assert set(runs["conductor_model"]) == {"grpo:test"}
+    assert sorted(runs["format_valid"]) == [False, True, True]
+    # The invalid plan ran nothing; the two valid ones ran one step each.
+    assert len(ArtifactStore().read_pandas("steps")) == 2
+
+
+def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp_path):
+    """Real TRL GRPOTrainer; the tiny model writes no plan, so half of each group's rollouts
+    are swapped for a correct plan before they run: rewards differ, advantages are not 0."""
+    from flows.train_conductor import rollout_executor
+    from tasks.training import grpo_train, start_training_run
+
+    data, pool, _ = setup
+    request = _request(data, pool, tiny_base)
+    real = rollout_executor(request, "grpo:test", "train-2")
+
+    def execute(rollouts: list[Rollout], step: int):
+        swapped = [
+            Rollout(r.question, r.question_id, r.reference, r.kind, RIGHT if i % 2 else r.plan_text)
+            for i, r in enumerate(rollouts)
+        ]
+        return real(swapped, step)
+
+    @flow
+    def train():
+        from conductor.datasets import load_dataset
+
+        run_id = start_training_run(request, {})
+        examples = [
+            e for e in load_dataset(str(data), split="train") if e.question == "What is 2 + 3?"
+        ]
+        return grpo_train(
+            request,
+            load_pool(pool),
+            examples,
+            None,
+            ExecutedPlanReward(execute),
+            tmp_path / "out",
+            run_id,
+        )
+
+    outcome = train()
+    assert outcome.steps == 2 and outcome.rollouts == 8
+    weights = load_file(outcome.adapter_dir / "adapter_model.safetensors")
+    lora_b = [t for name, t in weights.items() if "lora_B" in name]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at zero in PEFT
+    assert json.loads((outcome.adapter_dir / "conductor.json").read_text())["base"] == str(
+        tiny_base
+    )
+
+
+def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monkeypatch):
+    import mlflow
+
+    from flows.evaluate import evaluate
+    from flows.train_conductor import train_conductor
+    from tasks.tracking import tracking_uri
+
+    data, pool, home = setup
+    # Verified-correct runs in the store for the warm start: an eval of one worker.
+    evaluate(
+        EvalRequest(dataset=str(data), split="train", strategy="single:oracle", pool=str(pool))
+    )
+    result = train_conductor(_request(data, pool, tiny_base, warm_start=True, max_steps=1))
+    assert result.steps == 1
+    assert result.warm_start_examples == 3
+    assert result.accuracy_before is not None and result.accuracy_after is not None
+    assert result.promoted  # the first candidate has no champion to beat
+    assert result.adapter_uri == "models:/conductor/1"
+
+    mlflow.set_tracking_uri(tracking_uri())
+    client = mlflow.MlflowClient()
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["warm_start"] == "True"
+    assert "accuracy_after" in run.data.metrics
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "train/conductor"
+    children = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'"
+    )
+    assert {c.info.run_name for c in children} >= {"warm-start", "grpo", "before", "after"}
+    grpo = next(c for c in children if c.info.run_name == "grpo")
+    assert "reward" in grpo.data.metrics  # TRL's own curve, through report_to="mlflow"
+    assert client.get_model_version_by_alias("conductor", "champion").version == "1"
+
+    # Rollouts are stored, tagged with the training run.
+    runs = ArtifactStore().read_pandas("runs")
+    tagged = [dict(t) for t in runs["tags"] if dict(t).get("train_run") == result.run_id]
+    assert len(tagged) == 4  # 1 step x batch 4
+
+    # The registered adapter serves through the registry reference.
+    from conductor.adapters import resolve_conductor, with_conductor
+
+    info = resolve_conductor("models:/conductor@champion")
+    assert info.base == str(tiny_base)
+    served = with_conductor(load_pool(pool), "models:/conductor@champion")
+    assert served.conductor.model.startswith("local/")
+
+    # A second, worse candidate is registered but not promoted.
+    from tasks.training import register_conductor
+
+    worse = register_conductor.fn(
+        result.run_id, Path(result.adapter_dir), -1.0, "mini/test/2/0", True
+    )
+    assert not worse.promoted
+    assert client.get_model_version_by_alias("conductor", "champion").version == "1"
+    assert client.get_model_version_by_alias("conductor", "candidate").version == worse.version
+
+
+def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base, tmp_path):
+    """One base in memory: the adapter applies for the conductor, not for base workers."""
+    from peft import LoraConfig, get_peft_model
+
+    from conductor.adapters import write_adapter_meta
+    from conductor.training import load_trainable_base
+
+    messages = [{"role": "user", "content": "Plan: what is 2 + 3?"}]
+    ask = dict(messages=messages, max_tokens=8, temperature=0)
+    base_model = f"local/{tiny_base}"
+    before = litellm.completion(model=base_model, **ask).choices[0].message.content
+
+    model, _ = load_trainable_base(str(tiny_base))
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # a non-zero adapter, so it changes the output
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.5)
+    adapter = tmp_path / "adapter"
+    peft.save_pretrained(adapter)
+    write_adapter_meta(adapter, str(tiny_base), "compact")
+
+    tuned = litellm.completion(model=f"local/{adapter}", **ask).choices[0].message.content
+    again = litellm.completion(model=base_model, **ask).choices[0].message.content
+    assert again == before  # the base answers as before, adapter disabled
+    assert tuned != before  # the adapter is applied for the conductor
+    shared = LocalModelRegistry.get(str(adapter)).model
+    assert shared is LocalModelRegistry.get(str(tiny_base)).model  # one copy of the weights
+    LocalModelRegistry.remove(str(adapter))

@@ -1,0 +1,213 @@
+"""Pure pieces of conductor training: rewards, warm-start data, prompts, adapters, promotion."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conductor.adapters import (
+    AdapterError,
+    read_adapter,
+    resolve_conductor,
+    with_conductor,
+    write_adapter_meta,
+)
+from conductor.plan import parse_plan
+from conductor.pool import load_pool
+from conductor.prompts import conductor_messages, render_plan
+from conductor.rewards import (
+    ExecutedPlanReward,
+    RolloutOutcome,
+    TokenCostPenalty,
+    completion_text,
+    plan_format_reward,
+)
+from conductor.training import TrainConductorRequest, should_promote
+from conductor.warm_start import warm_start_examples
+from conductor.workflow import Step, Workflow
+
+POOL = load_pool()
+VALID = 'ok\nmodel_id = [1]\nsubtasks = ["17 + 25"]\naccess_list = [[]]'
+
+
+def _kwargs(n: int) -> dict:
+    return {
+        "question": ["What is 17 + 25?"] * n,
+        "question_id": ["q1"] * n,
+        "reference": ["42"] * n,
+        "kind": ["math"] * n,
+        "meta": ["{}"] * n,
+    }
+
+
+def test_executed_reward_returns_what_execution_scored_in_order():
+    seen = []
+
+    def execute(rollouts, step):
+        seen.append((step, [r.plan_text for r in rollouts]))
+        return [
+            RolloutOutcome(0.0, False, False),
+            RolloutOutcome(0.5, True, False, tokens=10),
+            RolloutOutcome(1.0, True, True, tokens=20),
+            None,  # the run crashed: no opinion
+        ]
+
+    reward = ExecutedPlanReward(execute)
+    completions = [[{"role": "assistant", "content": t}] for t in ("bad", VALID, VALID, VALID)]
+    scores = reward(["p"] * 4, completions, **_kwargs(4))
+    assert scores == [0.0, 0.5, 1.0, None]
+    assert seen == [(0, ["bad", VALID, VALID, VALID])]
+    assert [s["reward"] for s in reward.samples] == [0.0, 0.5, 1.0, None]
+    assert TokenCostPenalty(reward)(["p"] * 4, completions) == [0.0, -0.01, -0.02, None]
+
+
+def test_executed_reward_names_a_missing_dataset_column():
+    reward = ExecutedPlanReward(lambda rollouts, step: [])
+    kwargs = _kwargs(1)
+    del kwargs["reference"]
+    with pytest.raises(ValueError, match="'reference'"):
+        reward(["p"], ["x"], **kwargs)
+
+
+def test_token_penalty_must_follow_the_plan_reward():
+    reward = ExecutedPlanReward(lambda rollouts, step: [])
+    with pytest.raises(RuntimeError, match="must follow plan_reward"):
+        TokenCostPenalty(reward)(["p"], ["x"])
+
+
+def test_format_reward_and_completion_text():
+    fmt = plan_format_reward(POOL)
+    assert fmt(
+        [], [VALID, "The answer is 42.", 'model_id = [9]\nsubtasks = ["x"]\naccess_list = [[]]']
+    ) == [
+        0.5,
+        0.0,
+        0.0,
+    ]
+    assert completion_text([{"role": "assistant", "content": "a"}, {"content": "b"}]) == "ab"
+
+
+def test_render_plan_round_trips_through_the_parser():
+    workflow = Workflow(
+        steps=(
+            Step(index=0, worker="smol", instruction='Say "hi" to 7 + 3'),
+            Step(index=1, worker="calculator", instruction="7 + 3", access=(0,)),
+        )
+    )
+    text = render_plan(workflow, POOL)
+    assert "model_id = [0, 1]" in text
+    assert parse_plan(text, POOL) == workflow
+
+
+def test_compact_prompt_drops_the_examples_but_keeps_rules_and_pool():
+    compact = POOL.model_copy(
+        update={"conductor": POOL.conductor.model_copy(update={"prompt": "compact"})}
+    )
+    full_text = conductor_messages("q", POOL)[0]["content"]
+    compact_text = conductor_messages("q", compact)[0]["content"]
+    assert "Examples" in full_text and "Examples" not in compact_text
+    assert "Model 1: A calculator" in compact_text and "access_list" in compact_text
+    assert len(compact_text) < len(full_text) / 2
+
+
+def _runs(**overrides) -> pd.DataFrame:
+    base = {
+        "run_id": "r",
+        "question_id": "q",
+        "question": "What is 17 + 25?",
+        "reference": "REFERENCE-SENTINEL",
+        "workflow_json": json.dumps(
+            {"model_id": ["calculator"], "subtasks": ["What is 17 + 25?"], "access_list": [[]]}
+        ),
+        "correct": True,
+        "status": "completed",
+        "tags": [("strategy", "single:calculator")],
+    }
+    return pd.DataFrame([{**base, **overrides}])
+
+
+def test_warm_start_uses_only_verified_correct_completed_runs():
+    frames = pd.concat(
+        [
+            _runs(),
+            _runs(question="What is 1 + 2?", correct=False),
+            _runs(question="What is 3 + 4?", correct=None),
+            _runs(question="What is 5 + 6?", status="failed"),
+            _runs(question="What is 8 + 9?", tags=[("strategy", "self-consistency:smol:5")]),
+            _runs(question="What is 2 + 2?", workflow_json=None),
+            _runs(  # names a worker the pool no longer has
+                question="What is 6 + 6?",
+                workflow_json=json.dumps(
+                    {"model_id": ["gone"], "subtasks": ["x"], "access_list": [[]]}
+                ),
+            ),
+            _runs(),  # a duplicate
+        ],
+        ignore_index=True,
+    )
+    rows = warm_start_examples(frames, POOL)
+    assert [r["prompt"][-1]["content"] for r in rows] == ["Question: What is 17 + 25?"]
+    target = rows[0]["completion"][0]["content"]
+    assert parse_plan(target, POOL).steps[0].worker == "calculator"
+
+
+def test_warm_start_never_reads_the_reference_and_skips_held_out_questions():
+    frames = pd.concat([_runs(), _runs(question="What is 40 + 2?")], ignore_index=True)
+    rows = warm_start_examples(frames, POOL, exclude_questions=["What is 40 + 2?"])
+    assert len(rows) == 1
+    assert "REFERENCE-SENTINEL" not in json.dumps(rows)
+    # Without the reference column at all, the same rows come out: it is never read.
+    assert (
+        warm_start_examples(
+            frames.drop(columns=["reference"]), POOL, exclude_questions=["What is 40 + 2?"]
+        )
+        == rows
+    )
+
+
+def test_warm_start_limit_draws_a_seeded_subset():
+    frames = pd.concat([_runs(question=f"What is {i} + 1?") for i in range(10)], ignore_index=True)
+    a = warm_start_examples(frames, POOL, limit=4, seed=1)
+    assert len(a) == 4 and a == warm_start_examples(frames, POOL, limit=4, seed=1)
+
+
+def test_adapter_references(tmp_path):
+    with pytest.raises(AdapterError, match="not a LoRA adapter directory"):
+        read_adapter(tmp_path)
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": ""}))
+    with pytest.raises(AdapterError, match="which base model"):
+        read_adapter(tmp_path)
+    write_adapter_meta(tmp_path, "smollm2-135m-instruct", "compact", {"steps": 3})
+    info = read_adapter(tmp_path)
+    assert (info.base, info.prompt, info.provenance) == (
+        "smollm2-135m-instruct",
+        "compact",
+        {"steps": 3},
+    )
+    pool = with_conductor(POOL, str(tmp_path))
+    assert pool.conductor.model == f"local/{tmp_path.resolve()}"
+    assert pool.conductor.prompt == "compact"
+    assert pool.workers == POOL.workers
+
+
+def test_registry_reference_without_a_registered_model_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(
+        AdapterError, match="models:/conductor@champion: not in the MLflow registry"
+    ):
+        resolve_conductor("models:/conductor@champion")
+
+
+def test_promotion_only_for_a_better_candidate():
+    assert should_promote(0.5, None)
+    assert not should_promote(0.6, 0.7)
+    assert not should_promote(0.7, 0.7)
+    assert should_promote(0.71, 0.7)
+
+
+def test_request_checks_the_group_size():
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        TrainConductorRequest(num_generations=4, batch_size=6)
+    assert TrainConductorRequest().temperature == 1.0 and TrainConductorRequest().beta == 0.0
