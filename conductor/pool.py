@@ -73,10 +73,11 @@ class ConductorSpec(_Endpoint):
     """The model that writes plans."""
 
     max_depth: int = Field(default=1, ge=0, le=3, description="Recursion depth cap.")
-    prompt: Literal["full", "compact"] = Field(
-        default="full",
+    prompt: Literal["full", "compact"] | None = Field(
+        default=None,
         description="full: rules, pool and four worked examples; compact: rules and pool only "
-        "(for trained conductors, which learnt the format).",
+        "(for trained conductors, which learnt the format). Default: what a trained adapter "
+        "was trained with, else full.",
     )
 
 

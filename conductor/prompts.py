@@ -8,8 +8,10 @@ names; the prompt states the three-list output format and carries four worked ex
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Literal
 
+from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
 from conductor.pool import Pool
 from conductor.workflow import Workflow
 
@@ -18,6 +20,7 @@ __all__ = [
     "EXAMPLES",
     "PromptStyle",
     "describe_pool",
+    "prompt_style",
     "conductor_messages",
     "recursion_messages",
     "render_plan",
@@ -97,9 +100,23 @@ def describe_pool(pool: Pool) -> str:
     return "\n".join(lines)
 
 
+def prompt_style(pool: Pool) -> PromptStyle:
+    """The pool's ``conductor.prompt``; unset, the style a trained adapter was trained with
+    (``local/<adapter dir>``, ``local/smollm2-135m-conductor``), else ``full``."""
+    if pool.conductor.prompt is not None:
+        return pool.conductor.prompt
+    model = pool.conductor.model
+    if model.startswith("local/"):
+        name = model.removeprefix("local/")
+        path = embedded_adapter_path() if name == EMBEDDED_ADAPTER else Path(name).expanduser()
+        if is_adapter_dir(path):
+            return read_adapter(path).prompt  # type: ignore[return-value]
+    return "full"
+
+
 def _system(pool: Pool, max_steps: int | None) -> str:
     rules = FORMAT_RULES.format(max_steps=max_steps or pool.max_steps)
-    if pool.conductor.prompt == "compact":
+    if prompt_style(pool) == "compact":
         return f"{rules}\nYour models:\n{describe_pool(pool)}"
     shots = "\n\n".join(f"Question: {q}\n{a}" for q, a in EXAMPLES)
     return (

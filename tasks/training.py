@@ -99,6 +99,11 @@ def finish_training_run(run_id: str, metrics: dict[str, float | None], status: s
 def _save_adapter(model: Any, directory: Path, request: TrainConductorRequest, **prov: Any) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))
+    # PEFT records the base as the local path it was loaded from; the name is portable.
+    config = directory / "adapter_config.json"
+    data = json.loads(config.read_text())
+    data["base_model_name_or_path"] = request.base
+    config.write_text(json.dumps(data, indent=2) + "\n")
     write_adapter_meta(directory, request.base, request.prompt, provenance=prov)
 
 
@@ -125,7 +130,12 @@ def warm_start_train(
         peft_config=lora_config(request),
     )
     started = time.perf_counter()
-    with mlflow.start_run(run_name="warm-start", nested=True, parent_run_id=parent_run_id):
+    with mlflow.start_run(
+        experiment_id=mlflow_experiment(mlflow, EXPERIMENT),
+        run_name="warm-start",
+        nested=True,
+        parent_run_id=parent_run_id,
+    ):
         mlflow.set_tag("stage", "warm-start")
         mlflow.log_param("warm_start_examples", len(rows))
         result = trainer.train()
@@ -210,7 +220,12 @@ def grpo_train(
         peft_config=peft_config,
     )
     started = time.perf_counter()
-    with mlflow.start_run(run_name="grpo", nested=True, parent_run_id=parent_run_id):
+    with mlflow.start_run(
+        experiment_id=mlflow_experiment(mlflow, EXPERIMENT),
+        run_name="grpo",
+        nested=True,
+        parent_run_id=parent_run_id,
+    ):
         mlflow.set_tag("stage", "grpo")
         result = trainer.train()
         wall = time.perf_counter() - started

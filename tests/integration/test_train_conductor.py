@@ -104,7 +104,7 @@ def _request(data, pool, tiny_base, **kw) -> TrainConductorRequest:
         max_steps=2,
         num_generations=2,
         batch_size=4,
-        max_completion_length=12,
+        max_completion_length=16,
         learning_rate=1e-2,
         warm_start_epochs=1,
     )
@@ -145,7 +145,7 @@ def test_executed_reward_scores_invalid_wrong_and_correct_plans_and_stores_them(
 
 def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp_path):
     """Real TRL GRPOTrainer; the tiny model writes no plan, so half of each group's rollouts
-    are swapped for a correct plan before they run: rewards differ, advantages are not 0."""
+    are swapped for a valid plan before they run: rewards differ, advantages are not 0."""
     from flows.train_conductor import rollout_executor
     from tasks.training import grpo_train, start_training_run
 
@@ -165,9 +165,7 @@ def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp
         from conductor.datasets import load_dataset
 
         run_id = start_training_run(request, {})
-        examples = [
-            e for e in load_dataset(str(data), split="train") if e.question == "What is 2 + 3?"
-        ]
+        examples = load_dataset(str(data), split="train")
         return grpo_train(
             request,
             load_pool(pool),
@@ -202,7 +200,9 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     )
     result = train_conductor(_request(data, pool, tiny_base, warm_start=True, max_steps=1))
     assert result.steps == 1
-    assert result.warm_start_examples == 3
+    # Both splits hold the same three questions here: the two held-out ones (eval_limit=2)
+    # never become warm-start data, so one of the three verified-correct runs remains.
+    assert result.warm_start_examples == 1
     assert result.accuracy_before is not None and result.accuracy_after is not None
     assert result.promoted  # the first candidate has no champion to beat
     assert result.adapter_uri == "models:/conductor/1"
@@ -221,7 +221,7 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     assert {c.info.run_name for c in children} >= {"warm-start", "grpo", "before", "after"}
     grpo = next(c for c in children if c.info.run_name == "grpo")
     assert "reward" in grpo.data.metrics  # TRL's own curve, through report_to="mlflow"
-    assert client.get_model_version_by_alias("conductor", "champion").version == "1"
+    assert str(client.get_model_version_by_alias("conductor", "champion").version) == "1"
 
     # Rollouts are stored, tagged with the training run.
     runs = ArtifactStore().read_pandas("runs")
@@ -243,8 +243,8 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
         result.run_id, Path(result.adapter_dir), -1.0, "mini/test/2/0", True
     )
     assert not worse.promoted
-    assert client.get_model_version_by_alias("conductor", "champion").version == "1"
-    assert client.get_model_version_by_alias("conductor", "candidate").version == worse.version
+    assert str(client.get_model_version_by_alias("conductor", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("conductor", "candidate").version) == worse.version
 
 
 def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base, tmp_path):

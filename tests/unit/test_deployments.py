@@ -36,3 +36,24 @@ def test_orchestrate_parameters_render_as_a_form():
     assert request["required"] == ["question"]
     assert {"question", "pool", "on_invalid_plan", "max_steps"} <= set(request["properties"])
     assert request["properties"]["on_invalid_plan"]["enum"] == ["fallback", "error"]
+
+
+def test_train_conductor_deployment_targets_the_gpu_pool():
+    by_name = {d["name"]: d for d in _deployments()}
+    train = by_name["train-conductor"]
+    assert train["work_pool"]["name"] == "conductor-gpu"
+    assert train["work_pool"]["job_variables"]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    flow = load_flow_from_entrypoint(train["entrypoint"])
+    request = flow.validate_parameters(train["parameters"])["request"]
+    assert request.warm_start and request.batch_size % request.num_generations == 0
+
+
+def test_kubernetes_gpu_job_template_asks_for_a_gpu():
+    import json
+
+    template = json.loads((PREFECT_YAML.parent / "k8s-gpu-job-template.json").read_text())
+    container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpus }}"
+    assert template["variables"]["properties"]["gpus"]["default"] == 1

@@ -211,3 +211,20 @@ def test_request_checks_the_group_size():
     with pytest.raises(ValueError, match="multiple of num_generations"):
         TrainConductorRequest(num_generations=4, batch_size=6)
     assert TrainConductorRequest().temperature == 1.0 and TrainConductorRequest().beta == 0.0
+
+
+def test_a_pool_naming_an_adapter_gets_the_prompt_it_was_trained_with(tmp_path):
+    from conductor.prompts import prompt_style
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    write_adapter_meta(tmp_path, "smollm2-135m-instruct", "compact")
+    named = POOL.model_copy(
+        update={"conductor": POOL.conductor.model_copy(update={"model": f"local/{tmp_path}"})}
+    )
+    assert prompt_style(POOL) == "full"
+    assert prompt_style(named) == "compact"
+    assert "Examples" not in conductor_messages("q", named)[0]["content"]
+    explicit = named.model_copy(
+        update={"conductor": named.conductor.model_copy(update={"prompt": "full"})}
+    )
+    assert prompt_style(explicit) == "full"  # an explicit choice in the pool file wins
