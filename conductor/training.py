@@ -69,12 +69,13 @@ class TrainConductorRequest(BaseModel):
     warm_start_examples: int = Field(
         default=64, ge=1, description="At most this many verified-correct plans (seeded draw)."
     )
-    warm_start_epochs: float = Field(default=2.0, gt=0, description="SFT epochs.")
-    warm_start_lr: float = Field(default=3e-4, gt=0, description="SFT learning rate.")
-    max_steps: int = Field(default=30, ge=1, description="GRPO steps.")
+    warm_start_epochs: float = Field(default=1.5, gt=0, description="SFT epochs.")
+    warm_start_lr: float = Field(default=1e-3, gt=0, description="SFT learning rate.")
+    warm_start_batch_size: int = Field(default=4, ge=1, description="SFT examples per step.")
+    max_steps: int = Field(default=8, ge=1, description="GRPO steps.")
     num_generations: int = Field(default=4, ge=2, description="Rollouts per question (G).")
     batch_size: int = Field(
-        default=8, ge=2, description="Rollouts per step (a multiple of num_generations)."
+        default=4, ge=2, description="Rollouts per step (a multiple of num_generations)."
     )
     max_completion_length: int = Field(default=128, ge=16, description="Plan tokens at most.")
     learning_rate: float = Field(default=5e-5, gt=0, description="GRPO learning rate.")
@@ -164,7 +165,7 @@ def _common(request: TrainConductorRequest, output_dir: Path, run_name: str) -> 
 def sft_config(request: TrainConductorRequest, output_dir: Path, examples: int) -> Any:
     from trl import SFTConfig
 
-    batch = min(8, max(1, examples))
+    batch = min(request.warm_start_batch_size, max(1, examples))
     return SFTConfig(
         **_common(request, output_dir, "warm-start"),
         num_train_epochs=request.warm_start_epochs,

@@ -281,9 +281,9 @@ def train_conductor_cmd(
     dataset: Annotated[
         str, typer.Option(help="Training questions: arithmetic, or a JSONL/Parquet/CSV file.")
     ] = "arithmetic",
-    max_steps: Annotated[int, typer.Option(help="GRPO steps.")] = 30,
+    max_steps: Annotated[int, typer.Option(help="GRPO steps.")] = 8,
     num_generations: Annotated[int, typer.Option(help="Rollouts per question (G).")] = 4,
-    batch_size: Annotated[int, typer.Option(help="Rollouts per GRPO step.")] = 8,
+    batch_size: Annotated[int, typer.Option(help="Rollouts per GRPO step.")] = 4,
     max_completion_length: Annotated[int, typer.Option(help="Plan tokens at most.")] = 128,
     learning_rate: Annotated[float, typer.Option(help="GRPO learning rate.")] = 5e-5,
     loss_type: Annotated[str, typer.Option(help="TRL loss_type.")] = "grpo",
@@ -298,7 +298,7 @@ def train_conductor_cmd(
         bool,
         typer.Option("--warm-start", help="SFT on verified-correct runs of the store first."),
     ] = False,
-    warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 2.0,
+    warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 1.5,
     limit: Annotated[Optional[int], typer.Option(help="First N training questions.")] = None,  # noqa: UP045
     eval_limit: Annotated[int, typer.Option(help="Held-out questions, before and after.")] = 200,
     no_eval_before: Annotated[
