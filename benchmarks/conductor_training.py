@@ -167,9 +167,9 @@ def main() -> None:
     levels = _levels(args.dataset, args.split, args.seed)
     plan = [(s, None, args.limit) for s in SINGLES]
     plan.append(("conductor", args.conductor, args.limit))
-    if args.costly or any(name in args.reuse for name in COSTLY):
-        plan.append(("conductor-base", None, args.costly_limit))
-        plan.append(("self-consistency:smol:5", None, args.costly_limit))
+    for name in COSTLY:  # run with --costly, or read back with --reuse
+        if args.costly or name in args.reuse:
+            plan.append((name, None, args.costly_limit))
     rows, diversity = [], {}
     started = time.perf_counter()
     with local_run_settings():

@@ -6,6 +6,7 @@ plan, arguments). User errors never print a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -354,7 +355,9 @@ def train_conductor_cmd(
 
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    _, result = _call_flow(train_conductor, request)
+    # The trainers print their log lines and progress on stdout; stdout is for the result.
+    with contextlib.redirect_stdout(sys.stderr):
+        _, result = _call_flow(train_conductor, request)
     if not isinstance(result, TrainConductorResult):
         _fail(str(result).strip().splitlines()[0] if result else "training crashed", code=1)
     if as_json:

@@ -29,6 +29,10 @@ from conductor.warm_start import warm_start_examples
 from conductor.workflow import Step, Workflow
 
 POOL = load_pool()
+# The embedded pool's conductor is the shipped adapter; BASE has the untrained SmolLM2.
+BASE = POOL.model_copy(
+    update={"conductor": POOL.conductor.model_copy(update={"model": "local/smollm2-135m-instruct"})}
+)
 VALID = 'ok\nmodel_id = [1]\nsubtasks = ["17 + 25"]\naccess_list = [[]]'
 
 
@@ -102,10 +106,10 @@ def test_render_plan_round_trips_through_the_parser():
 
 
 def test_compact_prompt_drops_the_examples_but_keeps_rules_and_pool():
-    compact = POOL.model_copy(
-        update={"conductor": POOL.conductor.model_copy(update={"prompt": "compact"})}
+    compact = BASE.model_copy(
+        update={"conductor": BASE.conductor.model_copy(update={"prompt": "compact"})}
     )
-    full_text = conductor_messages("q", POOL)[0]["content"]
+    full_text = conductor_messages("q", BASE)[0]["content"]
     compact_text = conductor_messages("q", compact)[0]["content"]
     assert "Examples" in full_text and "Examples" not in compact_text
     assert "Model 1: A calculator" in compact_text and "access_list" in compact_text
@@ -221,10 +225,24 @@ def test_a_pool_naming_an_adapter_gets_the_prompt_it_was_trained_with(tmp_path):
     named = POOL.model_copy(
         update={"conductor": POOL.conductor.model_copy(update={"model": f"local/{tmp_path}"})}
     )
-    assert prompt_style(POOL) == "full"
+    assert prompt_style(BASE) == "full"
+    assert prompt_style(POOL) == "compact"  # the shipped adapter was trained with it
     assert prompt_style(named) == "compact"
     assert "Examples" not in conductor_messages("q", named)[0]["content"]
     explicit = named.model_copy(
         update={"conductor": named.conductor.model_copy(update={"prompt": "full"})}
     )
     assert prompt_style(explicit) == "full"  # an explicit choice in the pool file wins
+
+
+def test_the_shipped_adapter_is_small_and_says_how_it_was_made():
+    from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path
+
+    info = resolve_conductor("embedded")
+    assert info.path == embedded_adapter_path().resolve()
+    assert resolve_conductor(EMBEDDED_ADAPTER).path == info.path
+    assert info.base == "smollm2-135m-instruct" and info.prompt == "compact"
+    assert info.provenance["stage"] == "grpo" and info.provenance["mlflow_run"]
+    size = sum(f.stat().st_size for f in info.path.iterdir())
+    assert size <= 10 * 2**20
+    assert POOL.conductor.model == f"local/{EMBEDDED_ADAPTER}"
