@@ -276,3 +276,66 @@ def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base
     shared = LocalModelRegistry.get(str(adapter)).model
     assert shared is LocalModelRegistry.get(str(tiny_base)).model  # one copy of the weights
     LocalModelRegistry.remove(str(adapter))
+
+
+def _cli(*args: str, cwd: Path, timeout: int = 900):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CONDUCTOR_HOME": str(cwd / "home"), "PREFECT_HOME": str(cwd / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "train-conductor", *args],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_cli_bad_arguments_get_one_line_and_exit_2(tmp_path):
+    proc = _cli("--batch-size", "3", "--num-generations", "2", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "batch_size (3) must be a multiple of num_generations (2)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = _cli("--orchrm-weight", "1", cwd=tmp_path)
+    assert proc.returncode == 2 and "OrchRM" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
+    """The trainers print their logs on stdout; the CLI keeps stdout for the result."""
+    data, _, _ = setup
+    pool = tmp_path / "mock-pool.yaml"
+    pool.write_text(
+        yaml.safe_dump(
+            {
+                "conductor": {"model": "openai/gpt-4o-mini", "params": {"mock_response": "x"}},
+                "workers": [
+                    {
+                        "name": "gpt",
+                        "model": "openai/gpt-4o-mini",
+                        "retries": 0,
+                        "params": {"mock_response": "The answer is 5."},
+                    }
+                ],
+            }
+        )
+    )
+    proc = _cli(
+        "--dataset", str(data), "--pool", str(pool), "--base", str(tiny_base),
+        "--max-steps", "1", "--batch-size", "2", "--num-generations", "2",
+        "--max-completion-length", "16", "--eval-limit", "1", "--no-eval-before", "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)  # exactly one JSON document, nothing else
+    assert set(result) == {
+        "run_id", "steps", "wall_s", "warm_start_examples", "reward_first", "reward_last",
+        "format_valid_before", "format_valid_after", "accuracy_before", "accuracy_after",
+        "adapter_uri", "promoted",
+    }  # fmt: skip
+    assert result["steps"] == 1 and result["accuracy_before"] is None
+    assert "loss" in proc.stderr  # the trainer's progress is visible, on stderr
