@@ -37,6 +37,7 @@ __all__ = [
     "EXPERIMENT",
     "MODEL_NAME",
     "GrpoOutcome",
+    "champion_needs_eval",
     "finish_training_run",
     "grpo_train",
     "register_conductor",
@@ -96,6 +97,18 @@ def finish_training_run(run_id: str, metrics: dict[str, float | None], status: s
     client.set_terminated(run_id, status=status)
 
 
+def _stage_run(mlflow: Any, stage: str, parent_run_id: str) -> Any:
+    """The MLflow run of one stage, nested under the training run; TRL's callback logs into
+    the active run, so the trainer's curves land here."""
+    return mlflow.start_run(
+        experiment_id=mlflow_experiment(mlflow, EXPERIMENT),
+        run_name=stage,
+        nested=True,
+        parent_run_id=parent_run_id,
+        tags={"stage": stage},
+    )
+
+
 def _save_adapter(model: Any, directory: Path, request: TrainConductorRequest, **prov: Any) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))
@@ -130,13 +143,7 @@ def warm_start_train(
         peft_config=lora_config(request),
     )
     started = time.perf_counter()
-    with mlflow.start_run(
-        experiment_id=mlflow_experiment(mlflow, EXPERIMENT),
-        run_name="warm-start",
-        nested=True,
-        parent_run_id=parent_run_id,
-    ):
-        mlflow.set_tag("stage", "warm-start")
+    with _stage_run(mlflow, "warm-start", parent_run_id):
         mlflow.log_param("warm_start_examples", len(rows))
         result = trainer.train()
         mlflow.log_metric("stage_wall_s", time.perf_counter() - started)
@@ -220,13 +227,7 @@ def grpo_train(
         peft_config=peft_config,
     )
     started = time.perf_counter()
-    with mlflow.start_run(
-        experiment_id=mlflow_experiment(mlflow, EXPERIMENT),
-        run_name="grpo",
-        nested=True,
-        parent_run_id=parent_run_id,
-    ):
-        mlflow.set_tag("stage", "grpo")
+    with _stage_run(mlflow, "grpo", parent_run_id):
         result = trainer.train()
         wall = time.perf_counter() - started
         mlflow.log_metric("stage_wall_s", wall)
