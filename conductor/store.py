@@ -186,11 +186,18 @@ class ArtifactStore:
 
     def _files(self, table: str) -> list[pafs.FileInfo]:
         """Every file in the table's folder, hidden ones included; [] if it does not exist."""
-        try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self._dir(table), allow_not_found=True))
-        except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"cannot list {self.table_path(table)}: {e}") from e
-        return [i for i in infos if i.type == pafs.FileType.File]
+        selector = pafs.FileSelector(self._dir(table), allow_not_found=True)
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                infos = self.fs.get_file_info(selector)
+                return [i for i in infos if i.type == pafs.FileType.File]
+            except FileNotFoundError:
+                # A file vanished between readdir and stat (a compaction or a writer's rename
+                # under us): list again.
+                time.sleep(min(0.001 * 2**attempt, 0.05))
+            except (OSError, pa.ArrowException) as e:
+                raise StoreError(f"cannot list {self.table_path(table)}: {e}") from e
+        raise StoreError(f"cannot list {self.table_path(table)}: files kept vanishing under it")
 
     def _list(self, table: str) -> list[str]:
         """Visible data files, as pyarrow and DuckDB globs see them."""
