@@ -157,6 +157,15 @@ class Pool(BaseModel):
         )
         return self.model_copy(update={"workers": workers})
 
+    def with_conductor_sampling(self, temperature: float, seed: int | None = None) -> Pool:
+        """A copy whose conductor samples at ``temperature`` (``seed`` makes it repeatable)."""
+        params = {**self.conductor.params, "temperature": temperature}
+        if seed is not None:
+            params["seed"] = seed
+        return self.model_copy(
+            update={"conductor": self.conductor.model_copy(update={"params": params})}
+        )
+
     def index_of(self, name: str) -> int:
         return [w.name for w in self.workers].index(name)
 

@@ -61,6 +61,13 @@ class OrchestrateRequest(BaseModel):
     plan_source: str | None = Field(
         default=None, description="Who wrote plan_text; stored as the run's conductor_model."
     )
+    conductor_temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=2.0,
+        description="Sample the conductor at this temperature (seeded by seed); "
+        "default: the pool's setting.",
+    )
 
 
 class RunResult(BaseModel):
@@ -97,6 +104,13 @@ class EvalRequest(BaseModel):
         default="conductor",
         description="conductor, single:WORKER, self-consistency:WORKER:K or random-plan.",
     )
+    samples: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Runs per question (seed + k for random plans; a conductor samples at "
+        "temperature 1.0); every run is stored, tagged with its sample index.",
+    )
     concurrency: int = Field(default=4, ge=1, le=64, description="Questions run at once.")
     pool: str | None = Field(default=None, description="Pool YAML file; empty for the local pool.")
     seed: int = Field(default=0, description="Seed of generated datasets and random plans.")
@@ -124,7 +138,12 @@ class EvalResult(BaseModel):
     dataset: str
     split: str
     strategy: str
-    n: int
+    n: int = Field(description="Runs (questions x samples).")
+    questions: int = 0
+    samples: int = 1
+    pass_at_k: float | None = Field(
+        default=None, description="Share of questions with at least one correct run (samples > 1)."
+    )
     accuracy: float
     correct: int
     failed: int

@@ -160,6 +160,13 @@ def eval_(
     ] = "conductor",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of generated data and random plans.")] = 0,
+    samples: Annotated[
+        int,
+        typer.Option(
+            help="Runs per question (OrchRM's pairs need several): seed + k for random plans, "
+            "temperature 1.0 for a conductor."
+        ),
+    ] = 1,
     pool: PoolOpt = None,
     conductor: ConductorOpt = None,
     as_json: JsonOpt = False,
@@ -181,6 +188,7 @@ def eval_(
             limit=limit,
             strategy=strategy,
             concurrency=concurrency,
+            samples=samples,
             pool=str(pool) if pool else None,
             seed=seed,
             conductor=conductor,
@@ -225,6 +233,11 @@ def eval_(
     )
     for cells in (header, row):
         print(f"{cells[0]:<28}" + "".join(f"{c!s:>12}" for c in cells[1:]))
+    if result.pass_at_k is not None:
+        print(
+            f"{result.questions} questions x {result.samples} samples · "
+            f"pass@{result.samples}: {result.pass_at_k:.1%}"
+        )
     print(
         f"MLflow: experiment {result.mlflow_experiment!r}, run {result.mlflow_run_id}",
         file=sys.stderr,

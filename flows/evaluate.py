@@ -69,19 +69,34 @@ def run_question(request: OrchestrateRequest) -> RunResult:
     raise RuntimeError(f"question {request.question_id}: {result}")
 
 
-def _request(ex: Example, req: EvalRequest, eval_id: str, strategy: str) -> OrchestrateRequest:
+# A conductor sampled several times per question (``--samples``) samples at this temperature
+# (the Conductor paper's rollout temperature).
+SAMPLED_CONDUCTOR_TEMPERATURE = 1.0
+
+
+def _request(
+    ex: Example, req: EvalRequest, eval_id: str, strategy: str, sample: int = 0
+) -> OrchestrateRequest:
+    tags = {"eval_id": eval_id, "dataset": req.dataset, "split": req.split}
+    if req.samples > 1:
+        tags["sample"] = str(sample)
     return OrchestrateRequest(
         question=ex.question,
         pool=req.pool,
         strategy=strategy,
-        seed=req.seed,
+        seed=req.seed + sample,
         question_id=ex.id,
         reference=ex.reference,
         kind=ex.kind,
         meta=ex.meta,
-        tags={"eval_id": eval_id, "dataset": req.dataset, "split": req.split},
+        tags=tags,
         artifacts=req.artifacts,
         conductor=req.conductor,
+        conductor_temperature=(
+            SAMPLED_CONDUCTOR_TEMPERATURE
+            if req.samples > 1 and strategy == "conductor"
+            else None
+        ),
     )
 
 
@@ -106,11 +121,12 @@ def evaluate(request: EvalRequest) -> EvalResult:
     from tqdm import tqdm  # a progress bar on stderr, also readable in worker logs
 
     gate = threading.Semaphore(request.concurrency)
-    bar = tqdm(total=len(examples), file=sys.stderr, desc=f"eval {strategy}", unit="q")
+    jobs = [(ex, k) for ex in examples for k in range(request.samples)]
+    bar = tqdm(total=len(jobs), file=sys.stderr, desc=f"eval {strategy}", unit="run")
     futures = []
-    for ex in examples:
+    for ex, k in jobs:
         gate.acquire()
-        future = run_question.submit(_request(ex, request, eval_id, strategy))
+        future = run_question.submit(_request(ex, request, eval_id, strategy, k))
         future.add_done_callback(lambda _f: (gate.release(), bar.update(1)))
         futures.append(future)
     results: list[RunResult | None] = []
@@ -120,10 +136,11 @@ def evaluate(request: EvalRequest) -> EvalResult:
     bar.close()
 
     rows = []
-    for ex, r in zip(examples, results, strict=True):
+    for (ex, k), r in zip(jobs, results, strict=True):
         rows.append(
             {
                 "question_id": ex.id,
+                "sample": k,
                 "question": ex.question,
                 "reference": ex.reference,
                 "answer": r.answer if r else None,
@@ -151,6 +168,10 @@ def evaluate(request: EvalRequest) -> EvalResult:
             sum(r["format_valid"] for r in rows) / n if n and strategy == "conductor" else None
         ),
     }
+    solved = {r["question_id"] for r in rows if r["correct"]}
+    pass_at_k = len(solved) / len(examples) if examples and request.samples > 1 else None
+    if pass_at_k is not None:
+        metrics[f"pass_at_{request.samples}"] = pass_at_k
     metrics["wall_s"] = time.perf_counter() - started
     dataset_name = Path(request.dataset).stem if Path(request.dataset).suffix else request.dataset
     experiment = request.experiment or f"eval/{dataset_name}"
@@ -164,6 +185,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
             "split": request.split,
             "limit": request.limit,
             "concurrency": request.concurrency,
+            "samples": request.samples,
             "seed": request.seed,
             "conductor": request.conductor,
         },
@@ -177,6 +199,9 @@ def evaluate(request: EvalRequest) -> EvalResult:
         split=request.split,
         strategy=strategy,
         n=n,
+        questions=len(examples),
+        samples=request.samples,
+        pass_at_k=pass_at_k,
         correct=correct,
         accuracy=metrics["accuracy"],
         failed=metrics["failed"],

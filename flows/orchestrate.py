@@ -352,6 +352,8 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     pool = load_pool(request.pool)
     if request.conductor:
         pool = with_conductor(pool, request.conductor)
+    if request.conductor_temperature is not None:
+        pool = pool.with_conductor_sampling(request.conductor_temperature, request.seed)
     strategy = parse_strategy(request.strategy, pool)
     if strategy.kind == "self-consistency":
         pool = pool.with_sampling(strategy.worker or "", SELF_CONSISTENCY_TEMPERATURE)
