@@ -32,6 +32,7 @@ __all__ = [
     "ADAPTER_META",
     "EMBEDDED_ADAPTER",
     "AdapterInfo",
+    "download_registered",
     "embedded_adapter_path",
     "is_adapter_dir",
     "read_adapter",
@@ -95,7 +96,7 @@ def write_adapter_meta(
     (path / ADAPTER_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
-def _download_registered(uri: str) -> Path:
+def download_registered(uri: str) -> Path:
     """Download a registered model's artifacts once; later calls reuse the copy."""
     import mlflow  # heavy, and only needed for registry references
     from mlflow.exceptions import MlflowException
@@ -141,7 +142,7 @@ def resolve_conductor(ref: str) -> AdapterInfo:
             raise AdapterError("this installation ships no trained conductor adapter")
         return read_adapter(path)
     if ref.startswith("models:/"):
-        return read_adapter(_download_registered(ref))
+        return read_adapter(download_registered(ref))
     return read_adapter(ref)
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "EXAMPLES",
     "PromptStyle",
     "describe_pool",
+    "describe_workers",
     "prompt_style",
     "conductor_messages",
     "recursion_messages",
@@ -98,6 +99,15 @@ def describe_pool(pool: Pool) -> str:
         )
         lines.append(f"Model {i}: {desc}")
     return "\n".join(lines)
+
+
+def describe_workers(pool: Pool) -> str:
+    """Workers by name with their descriptions, one per line: what OrchRM reads with a plan.
+
+    Unlike :func:`describe_pool` the names are shown, because OrchRM's plan documents name
+    their workers (``reward_model.pairs.plan_document``).
+    """
+    return "\n".join(f"{w.name}: {' '.join(w.description.split()) or w.kind}" for w in pool.workers)
 
 
 def prompt_style(pool: Pool) -> PromptStyle:

@@ -1,7 +1,8 @@
 """Rows of the intermediate-artifact dataset: a ``RunRecord`` per run, a ``StepRecord`` per step.
 
-The Arrow schemas are the contract of the Parquet tables ``runs`` and ``steps``. OrchRM builds
-its pairs from these rows (arXiv 2606.13598), so columns are added, never renamed.
+The Arrow schemas are the contract of the Parquet tables ``runs``, ``steps`` and ``pairs``.
+OrchRM builds its pairs from the first two (arXiv 2606.13598) and stores them in the third,
+so columns are added, never renamed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "RunRecord",
     "STEPS_SCHEMA",
     "RUNS_SCHEMA",
+    "PAIRS_SCHEMA",
     "utcnow",
 ]
 
@@ -130,5 +132,27 @@ RUNS_SCHEMA = pa.schema(
         ("wall_s", pa.float64()),
         ("created_at", _TS),
         ("tags", pa.map_(pa.string(), pa.string())),
+    ]
+)
+
+# OrchRM preference pairs (arXiv 2606.13598). ``input``, ``chosen``, ``rejected`` and ``source``
+# are the field names of OrchRM's released dataset, so ``datasets`` and pandas load the Parquet
+# files as they are; the other columns trace each pair back to its runs and to the build
+# (``pair_set``, e.g. an MLflow run id) that wrote it.
+PAIRS_SCHEMA = pa.schema(
+    [
+        ("pair_id", pa.string()),  # sha256(input, chosen, rejected), first 16 hex digits
+        ("question_id", pa.string()),
+        ("input", pa.string()),  # the prompt the reward model reads before a document
+        ("chosen", pa.string()),
+        ("rejected", pa.string()),
+        ("source", pa.string()),  # how the pair was built, e.g. "correct-over-incorrect"
+        ("margin", pa.float64()),  # reward(chosen run) - reward(rejected run); null if unknown
+        ("split", pa.string()),  # "train" or "test", by question
+        ("chosen_run_id", pa.string()),
+        ("rejected_run_id", pa.string()),
+        ("truncated", pa.bool_()),  # either document was cut to the token budget
+        ("pair_set", pa.string()),
+        ("created_at", _TS),
     ]
 )

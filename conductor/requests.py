@@ -31,7 +31,9 @@ class OrchestrateRequest(BaseModel):
     )
     strategy: str = Field(
         default="conductor",
-        description="conductor, single:WORKER, self-consistency:WORKER:K or random-plan.",
+        description="conductor, single:WORKER, self-consistency:WORKER:K, random-plan, "
+        "best-of-n:N[:PROPOSER] or best-of-n-plan:N[:PROPOSER] (PROPOSER: conductor or "
+        "random-plan).",
     )
     seed: int = Field(default=0, description="Seed of the random-plan strategy.")
     question_id: str | None = Field(default=None, description="Stable id, e.g. from a dataset.")
@@ -60,6 +62,11 @@ class OrchestrateRequest(BaseModel):
     )
     plan_source: str | None = Field(
         default=None, description="Who wrote plan_text; stored as the run's conductor_model."
+    )
+    rm: str | None = Field(
+        default=None,
+        description="OrchRM scorer of best-of-n strategies: a directory or "
+        "models:/orchrm@champion (the default).",
     )
     conductor_temperature: float | None = Field(
         default=None,
@@ -90,6 +97,13 @@ class RunResult(BaseModel):
     question_id: str | None = None
     correct: bool | None = Field(default=None, description="Set when a reference was given.")
     reward: float | None = Field(default=None, description="0 / 0.5 / 1 (the Conductor paper).")
+    step_outputs: list[tuple[str, str | None]] = Field(
+        default_factory=list,
+        description="Top-level steps in order: (status, output or error); what OrchRM reads.",
+    )
+    selection: dict[str, Any] | None = Field(
+        default=None, description="Best-of-N: the candidates, their scores and the baselines."
+    )
 
 
 class EvalRequest(BaseModel):
@@ -102,7 +116,9 @@ class EvalRequest(BaseModel):
     limit: int | None = Field(default=None, ge=1, description="First N questions only.")
     strategy: str = Field(
         default="conductor",
-        description="conductor, single:WORKER, self-consistency:WORKER:K or random-plan.",
+        description="conductor, single:WORKER, self-consistency:WORKER:K, random-plan, "
+        "best-of-n:N[:PROPOSER] or best-of-n-plan:N[:PROPOSER] (PROPOSER: conductor or "
+        "random-plan).",
     )
     samples: int = Field(
         default=1,
@@ -119,6 +135,10 @@ class EvalRequest(BaseModel):
         default=None,
         description="A trained conductor instead of the pool's: an adapter directory, "
         "models:/conductor@champion, or embedded.",
+    )
+    rm: str | None = Field(
+        default=None,
+        description="OrchRM scorer of best-of-n strategies; default models:/orchrm@champion.",
     )
     experiment: str | None = Field(
         default=None, description="MLflow experiment; default eval/<dataset>."
@@ -145,6 +165,11 @@ class EvalResult(BaseModel):
         default=None, description="Share of questions with at least one correct run (samples > 1)."
     )
     accuracy: float
+    selection: dict[str, float] | None = Field(
+        default=None,
+        description="Best-of-N: accuracy of majority vote, random pick, oracle and the "
+        "plan-only pick on the same candidates.",
+    )
     correct: int
     failed: int
     mean_input_tokens: float

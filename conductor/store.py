@@ -1,9 +1,11 @@
-"""The intermediate-artifact dataset: Parquet tables ``runs/`` and ``steps/`` under one root.
+"""The intermediate-artifact dataset: Parquet tables ``runs/``, ``steps/`` and ``pairs/`` under
+one root (``pairs`` holds OrchRM's preference pairs, built from the other two).
 
 The root is a local path (default :func:`conductor.home.artifacts_location`) or any URL that
 ``pyarrow.fs`` can write (``s3://…``). Each :meth:`ArtifactStore.write` adds at most one
-immutable ``part-<utc>-<uuid>.parquet`` per table, so plain ``pandas.read_parquet``,
-``pyarrow.dataset`` and DuckDB ``read_parquet('<root>/steps/*.parquet')`` read it directly.
+immutable ``part-<utc>-<uuid>.parquet`` per table (:meth:`ArtifactStore.write_pairs` one in
+``pairs``), so plain ``pandas.read_parquet``, ``pyarrow.dataset`` and DuckDB
+``read_parquet('<root>/steps/*.parquet')`` read it directly.
 
 - Locally a file is written to a hidden ``.tmp-<uuid>.inprogress`` (skipped by dataset discovery
   and ``*.parquet`` globs), fsynced, then renamed into place: a killed writer never leaves a
@@ -35,22 +37,26 @@ import pyarrow.parquet as pq
 
 from conductor.errors import StoreError
 from conductor.home import artifacts_location
-from conductor.records import RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
+from conductor.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
 
 if TYPE_CHECKING:  # pyarrow imports pandas itself in to_pandas(); importing it costs 0.6 s
     import pandas as pd
 
 __all__ = ["ArtifactStore", "StoreSummary", "CompactResult", "TableName", "TABLES"]
 
-TableName = Literal["runs", "steps"]
-TABLES: tuple[TableName, ...] = ("runs", "steps")
+TableName = Literal["runs", "steps", "pairs"]
+TABLES: tuple[TableName, ...] = ("runs", "steps", "pairs")
 Filter = pc.Expression | list[Any] | None
 
-_SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS_SCHEMA, "steps": STEPS_SCHEMA}
+_SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS_SCHEMA, "steps": STEPS_SCHEMA, "pairs": PAIRS_SCHEMA}
 _SORT = {
     "runs": [("created_at", "ascending"), ("run_id", "ascending")],
     "steps": [("run_id", "ascending"), ("step", "ascending")],
+    "pairs": [("created_at", "ascending"), ("pair_id", "ascending")],
 }
+# Pair columns a trainer cannot do without (``margin`` and the run ids may be null).
+_PAIRS_NOT_NULL = ("pair_id", "question_id", "input", "chosen", "rejected", "source", "split")
+_SPLITS = ("train", "test")
 _REPLACES = b"conductor.replaces"
 _LOCK = ".compact.lock"
 _STALE_LOCK_S = 600.0  # a compaction holding the lock longer than this is presumed dead
@@ -92,7 +98,8 @@ def _fsync_dir(path: str) -> None:
 
 
 class ArtifactStore:
-    """Append-only Parquet tables ``runs`` and ``steps`` with atomic writes and safe compaction.
+    """Append-only Parquet tables ``runs``, ``steps`` and ``pairs`` with atomic writes and safe
+    compaction.
 
     ``filesystem`` (optional) is a ready ``pyarrow.fs.FileSystem``, e.g. an ``S3FileSystem`` with
     explicit credentials; ``root`` is then a path inside it.
@@ -128,7 +135,9 @@ class ArtifactStore:
 
     def table_path(self, table: TableName) -> str:
         if table not in _SCHEMAS:
-            raise StoreError(f"unknown table {table!r} in {self._root}: expected 'runs' or 'steps'")
+            raise StoreError(
+                f"unknown table {table!r} in {self._root}: expected 'runs', 'steps' or 'pairs'"
+            )
         return f"{self._root}/{table}"
 
     def _dir(self, table: str) -> str:
@@ -147,6 +156,51 @@ class ArtifactStore:
                 data = pa.Table.from_pylist(rows, schema=_SCHEMAS[table]).sort_by(_SORT[table])
                 written.append(self._put(table, data, "part"))
         return written
+
+    def write_pairs(self, table: pa.Table) -> str | None:
+        """Write OrchRM pairs as one new file of ``pairs``; the path, or None when ``table`` is
+        empty.
+
+        ``table`` must have exactly the columns of :data:`conductor.records.PAIRS_SCHEMA`, in
+        any order and of any type that casts safely (``reward_model.pairs.pairs_table`` builds
+        one); the text columns and ``split`` ("train"/"test") must not be null.
+        """
+        data = self._conform_pairs(table)
+        if data.num_rows == 0:
+            return None
+        return self._put("pairs", data.sort_by(_SORT["pairs"]), "part")
+
+    def _conform_pairs(self, table: pa.Table) -> pa.Table:
+        where = f"cannot write pairs to {self.table_path('pairs')}"
+        if not isinstance(table, pa.Table):
+            raise StoreError(f"{where}: expected a pyarrow.Table, got {type(table).__name__}")
+        names = table.column_names
+        missing = [n for n in PAIRS_SCHEMA.names if n not in names]
+        extra = sorted({n for n in names if n not in PAIRS_SCHEMA.names or names.count(n) > 1})
+        if missing or extra:
+            raise StoreError(
+                f"{where}: columns must match PAIRS_SCHEMA; missing {missing}, "
+                f"unexpected or repeated {extra}"
+            )
+        columns = []
+        for field in PAIRS_SCHEMA:
+            column = table[field.name]
+            try:
+                columns.append(column.cast(field.type))
+            except pa.ArrowException as e:
+                raise StoreError(
+                    f"{where}: column {field.name!r} is {column.type}, expected {field.type} ({e})"
+                ) from e
+            if field.name in _PAIRS_NOT_NULL and column.null_count:
+                raise StoreError(
+                    f"{where}: column {field.name!r} has {column.null_count} null value(s)"
+                )
+        data = pa.Table.from_arrays(columns, schema=PAIRS_SCHEMA)
+        bad = pc.invert(pc.is_in(data["split"], value_set=pa.array(_SPLITS)))
+        if pc.any(bad).as_py():
+            found = sorted(set(pc.filter(data["split"], bad).to_pylist()))
+            raise StoreError(f"{where}: column 'split' must be 'train' or 'test', got {found}")
+        return data
 
     def _put(
         self, table: str, data: pa.Table, prefix: str, check: Callable[[], None] | None = None

@@ -4,11 +4,17 @@ Strategies (the Conductor paper's comparisons, arXiv 2512.04388 §5; issue #3):
 - ``conductor``: the conductor model writes the plan;
 - ``single:WORKER``: one step on one worker, the question as its subtask;
 - ``self-consistency:WORKER:K``: K independent samples on one worker, majority vote;
-- ``random-plan``: a random valid plan over the pool, a control for the planning itself.
+- ``random-plan``: a random valid plan over the pool, a control for the planning itself;
+- ``best-of-n:N[:PROPOSER]``: N proposed plans all run, OrchRM picks one run by its plan and
+  step outputs (arXiv 2606.13598);
+- ``best-of-n-plan:N[:PROPOSER]``: OrchRM scores the N plans *before* execution and only the
+  chosen one runs (the paper's token saving). ``PROPOSER`` is ``conductor`` (the pool's
+  conductor sampled at temperature 1.0) or ``random-plan``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -23,12 +29,19 @@ __all__ = [
     "SELF_CONSISTENCY_TEMPERATURE",
     "Strategy",
     "parse_strategy",
+    "PROPOSERS",
     "random_plan",
+    "random_plan_seed",
     "self_consistency_plan",
     "majority_vote",
 ]
 
-Kind = Literal["conductor", "single", "self-consistency", "random-plan"]
+Kind = Literal[
+    "conductor", "single", "self-consistency", "random-plan", "best-of-n", "best-of-n-plan"
+]
+PROPOSERS = ("conductor", "random-plan")
+# A proposing conductor samples at the Conductor paper's rollout temperature.
+PROPOSER_TEMPERATURE = 1.0
 
 # Subtasks a random plan draws from: generic, so that only the structure is random.
 # Self-consistency needs diverse samples: a greedy worker samples at this temperature
@@ -48,8 +61,11 @@ class Strategy:
     kind: Kind
     worker: str | None = None
     samples: int = 1
+    proposer: str = "conductor"
 
     def __str__(self) -> str:
+        if self.kind in ("best-of-n", "best-of-n-plan"):
+            return f"{self.kind}:{self.samples}:{self.proposer}"
         if self.kind == "single":
             return f"single:{self.worker}"
         if self.kind == "self-consistency":
@@ -58,14 +74,22 @@ class Strategy:
 
     @property
     def uses_conductor(self) -> bool:
-        return self.kind == "conductor"
+        """The plan is conductor-style text (written by the conductor or a proposer)."""
+        return self.kind in ("conductor", "best-of-n", "best-of-n-plan")
+
+    @property
+    def best_of(self) -> bool:
+        return self.kind in ("best-of-n", "best-of-n-plan")
 
 
 def parse_strategy(text: str, pool: Pool | None = None) -> Strategy:
     """Parse ``conductor``, ``single:W``, ``self-consistency:W:K`` or ``random-plan``."""
     parts = text.strip().split(":")
     head = parts[0]
-    usage = "expected conductor, single:WORKER, self-consistency:WORKER:K or random-plan"
+    usage = (
+        "expected conductor, single:WORKER, self-consistency:WORKER:K, random-plan, "
+        "best-of-n:N[:PROPOSER] or best-of-n-plan:N[:PROPOSER]"
+    )
     if head in ("conductor", "random-plan") and len(parts) == 1:
         strategy = Strategy(kind=head)  # type: ignore[arg-type]
     elif head == "single" and len(parts) == 2 and parts[1]:
@@ -80,11 +104,32 @@ def parse_strategy(text: str, pool: Pool | None = None) -> Strategy:
         if not 1 <= k <= 64:
             raise ConductorError(f"strategy {text!r}: K must be between 1 and 64, got {k}")
         strategy = Strategy(kind="self-consistency", worker=parts[1], samples=k)
+    elif head in ("best-of-n", "best-of-n-plan") and len(parts) in (2, 3):
+        try:
+            n = int(parts[1])
+        except ValueError:
+            raise ConductorError(
+                f"strategy {text!r}: N must be an integer, got {parts[1]!r}"
+            ) from None
+        if not 2 <= n <= 64:
+            raise ConductorError(f"strategy {text!r}: N must be between 2 and 64, got {n}")
+        proposer = parts[2] if len(parts) == 3 else "conductor"
+        if proposer not in PROPOSERS:
+            raise ConductorError(
+                f"strategy {text!r}: unknown proposer {proposer!r}; "
+                "expected conductor or random-plan"
+            )
+        strategy = Strategy(kind=head, samples=n, proposer=proposer)  # type: ignore[arg-type]
     else:
         raise ConductorError(f"unknown strategy {text!r}: {usage}")
     if pool is not None and strategy.worker is not None:
         pool.worker(strategy.worker)  # raises, naming the known workers
     return strategy
+
+
+def random_plan_seed(question_id: str, seed: int) -> int:
+    """The random-plan seed of one question: its id's hash plus the run's seed."""
+    return int(hashlib.sha256(question_id.encode()).hexdigest()[:8], 16) + seed
 
 
 def random_plan(pool: Pool, seed: int, question: str, max_steps: int | None = None) -> Workflow:

@@ -45,6 +45,23 @@ ConductorOpt = Annotated[
 ]
 
 
+RmOpt = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--rm", help="OrchRM of best-of-n: a directory or models:/orchrm@champion (default)."
+    ),
+]
+
+
+def _check_rm(strategy: Any, rm: str | None) -> None:
+    """Best-of-n needs a reward model: load it now, so a missing one fails in one line."""
+    if strategy.best_of:
+        from flows.best_of_n import DEFAULT_RM
+        from reward_model.model import load_reward_model
+
+        load_reward_model(rm or DEFAULT_RM)
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -92,13 +109,33 @@ def run(
     ] = "fallback",
     max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
     conductor: ConductorOpt = None,
+    best_of: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--best-of", help="Propose N plans and let OrchRM pick one (best-of-N)."),
+    ] = None,
+    plan_only: Annotated[
+        bool,
+        typer.Option("--plan-only", help="With --best-of: score plans before running; run one."),
+    ] = False,
+    proposer: Annotated[
+        str, typer.Option(help="With --best-of: who proposes, conductor or random-plan.")
+    ] = "conductor",
+    rm: RmOpt = None,
+    seed: Annotated[int, typer.Option(help="Seed of proposals and random plans.")] = 0,
 ) -> None:
     """Plan QUESTION with the conductor and run the plan as a Prefect flow."""
     from pydantic import ValidationError
 
     from conductor.requests import OrchestrateRequest
+    from conductor.strategies import parse_strategy
 
-    _load_pool(pool, conductor)  # fail fast on a bad pool or adapter, before Prefect starts
+    p = _load_pool(pool, conductor)  # fail fast on a bad pool or adapter, before Prefect starts
+    strategy = "conductor"
+    if best_of is not None:
+        strategy = f"best-of-n{'-plan' if plan_only else ''}:{best_of}:{proposer}"
+    elif plan_only:
+        _fail("--plan-only goes with --best-of N")
+    _check_rm(parse_strategy(strategy, p), rm)
     try:
         request = OrchestrateRequest(
             question=question,
@@ -106,13 +143,17 @@ def run(
             on_invalid_plan=on_invalid_plan,  # type: ignore[arg-type]
             max_steps=max_steps,
             conductor=conductor,
+            strategy=strategy,
+            rm=rm,
+            seed=seed,
         )
     except ValidationError as exc:
         err = exc.errors()[0]
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+    from flows.best_of_n import best_of_n
     from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
 
-    state, result = _call_flow(orchestrate, request)
+    state, result = _call_flow(best_of_n if best_of is not None else orchestrate, request)
     from conductor.requests import RunResult
 
     if not isinstance(result, RunResult):
@@ -135,6 +176,14 @@ def run(
             )
         )
     else:
+        if result.selection:
+            s = result.selection
+            scores = ", ".join(f"{x:.2f}" for x in s["scores"])
+            print(
+                f"OrchRM picked candidate {s['chosen']} of {len(s['scores'])} "
+                f"(scores {scores}; {s['executed']} run)",
+                file=sys.stderr,
+            )
         if result.status == "completed":
             print(f"answer: {result.answer}")
         print(
@@ -156,7 +205,10 @@ def eval_(
     limit: Annotated[Optional[int], typer.Option(help="First N questions only.")] = None,  # noqa: UP045
     strategy: Annotated[
         str,
-        typer.Option(help="conductor | single:WORKER | self-consistency:WORKER:K | random-plan"),
+        typer.Option(
+            help="conductor | single:WORKER | self-consistency:WORKER:K | random-plan | "
+            "best-of-n:N[:PROPOSER] | best-of-n-plan:N[:PROPOSER]"
+        ),
     ] = "conductor",
     concurrency: Annotated[int, typer.Option(help="Questions run at once.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of generated data and random plans.")] = 0,
@@ -169,6 +221,7 @@ def eval_(
     ] = 1,
     pool: PoolOpt = None,
     conductor: ConductorOpt = None,
+    rm: RmOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a strategy on a dataset; every question is a run, the eval an MLflow run."""
@@ -179,7 +232,7 @@ def eval_(
     from conductor.strategies import parse_strategy
 
     p = _load_pool(pool, conductor)
-    parse_strategy(strategy, p)
+    _check_rm(parse_strategy(strategy, p), rm)
     load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
     try:
         request = EvalRequest(
@@ -192,6 +245,7 @@ def eval_(
             pool=str(pool) if pool else None,
             seed=seed,
             conductor=conductor,
+            rm=rm,
         )
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -233,6 +287,14 @@ def eval_(
     )
     for cells in (header, row):
         print(f"{cells[0]:<28}" + "".join(f"{c!s:>12}" for c in cells[1:]))
+    if result.selection:
+        print(
+            "same candidates: "
+            + " · ".join(
+                f"{k.removesuffix('_accuracy').replace('_', ' ')} {v:.1%}"
+                for k, v in result.selection.items()
+            )
+        )
     if result.pass_at_k is not None:
         print(
             f"{result.questions} questions x {result.samples} samples · "
@@ -378,6 +440,66 @@ def train_conductor_cmd(
         return
     for key, value in result.model_dump().items():
         print(f"{key:<22} {value}")
+
+
+@app.command("train-rm")
+def train_rm_cmd(
+    since: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Build pairs from runs created since this date (default: all runs)."),
+    ] = None,
+    min_pairs: Annotated[int, typer.Option(help="Train only with at least N new pairs.")] = 64,
+    max_steps: Annotated[int, typer.Option(help="RewardTrainer steps.")] = 120,
+    batch_size: Annotated[int, typer.Option(help="Pairs per step.")] = 8,
+    learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 3e-4,
+    base: Annotated[
+        str, typer.Option(help="Backbone: smollm2-135m-instruct or an HF model directory.")
+    ] = "smollm2-135m-instruct",
+    max_tokens: Annotated[int, typer.Option(help="Token budget of one plan document.")] = 192,
+    no_promote: Annotated[
+        bool, typer.Option("--no-promote", help="Register as candidate only.")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the split, sampling and training.")] = 0,
+    pool: PoolOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train OrchRM (a Bradley-Terry reward model) on pairs from the stored runs."""
+    from pydantic import ValidationError
+
+    from reward_model.model import RewardModelRequest, RewardModelResult
+
+    _load_pool(pool)
+    try:
+        request = RewardModelRequest(
+            since=since,
+            min_pairs=min_pairs,
+            max_steps=max_steps,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            base=base,
+            max_tokens=max_tokens,
+            promote=not no_promote,
+            seed=seed,
+            pool=str(pool) if pool else None,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
+    from flows.train_reward_model import train_reward_model
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with contextlib.redirect_stdout(sys.stderr):  # the trainer's log lines are not the result
+        _, result = _call_flow(train_reward_model, request)
+    if not isinstance(result, RewardModelResult):
+        _fail(str(result).strip().splitlines()[0] if result else "training crashed", code=1)
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json")))
+        return
+    print(result.message)
+    if result.trained:
+        for key, value in result.model_dump(exclude={"message"}).items():
+            print(f"  {key:<38} {value}")
 
 
 @artifacts_app.callback()

@@ -14,12 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import PrefectHTTPStatusError
+from prefect import flow
 from prefect.runtime import flow_run
-from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from conductor.datasets import Example, load_dataset
@@ -27,47 +23,10 @@ from conductor.home import artifacts_location
 from conductor.pool import load_pool
 from conductor.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
 from conductor.strategies import parse_strategy
-from flows.orchestrate import orchestrate
+from flows.best_of_n import run_question
 from tasks.tracking import log_eval
 
-__all__ = ["evaluate"]
-
-QUESTION_RETRIES = 2
-
-
-def _api_failure(task: object, task_run: object, state: State) -> bool:
-    """Retry a question whose run the Prefect API failed (a 5xx, a dropped connection).
-
-    A loaded ephemeral server can answer 503 when its SQLite database is busy; the question
-    itself is fine and runs again. Failures of the question's own run are in its RunResult.
-    """
-    try:
-        state.result()
-    except PrefectHTTPStatusError as exc:
-        return exc.response.status_code >= 500
-    except httpx.TransportError:
-        return True
-    except Exception:  # noqa: BLE001 - anything else is not the API's doing
-        return False
-    return False
-
-
-@task(
-    cache_policy=NO_CACHE,
-    name="question",
-    task_run_name="question {request.question_id}",
-    retries=QUESTION_RETRIES,
-    retry_delay_seconds=2,
-    retry_condition_fn=_api_failure,
-)
-def run_question(request: OrchestrateRequest) -> RunResult:
-    """One question through the orchestrate subflow; a failed run still returns its result."""
-    state = orchestrate(request, return_state=True)
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, RunResult):
-        return result
-    raise RuntimeError(f"question {request.question_id}: {result}")
-
+__all__ = ["evaluate", "run_question"]
 
 # A conductor sampled several times per question (``--samples``) samples at this temperature
 # (the Conductor paper's rollout temperature).
@@ -92,12 +51,31 @@ def _request(
         tags=tags,
         artifacts=req.artifacts,
         conductor=req.conductor,
+        rm=req.rm,
         conductor_temperature=(
-            SAMPLED_CONDUCTOR_TEMPERATURE
-            if req.samples > 1 and strategy == "conductor"
-            else None
+            SAMPLED_CONDUCTOR_TEMPERATURE if req.samples > 1 and strategy == "conductor" else None
         ),
     )
+
+
+_SELECTION = ("majority_correct", "random_correct", "oracle_correct", "plan_pick_correct")
+
+
+def _selection_row(r: RunResult | None) -> dict[str, object]:
+    """A best-of-n run's baselines on the same candidates (empty for other strategies)."""
+    if r is None or not r.selection:
+        return {}
+    return {k: r.selection.get(k) for k in _SELECTION if r.selection.get(k) is not None}
+
+
+def _selection_metrics(rows: list[dict[str, object]]) -> dict[str, float]:
+    """Accuracy of each baseline over the questions that have it."""
+    out = {}
+    for key in _SELECTION:
+        known = [bool(r[key]) for r in rows if r.get(key) is not None]
+        if known:
+            out[key.replace("_correct", "_accuracy")] = sum(known) / len(known)
+    return out
 
 
 def _mean(values: list[float | int | None]) -> float | None:
@@ -152,6 +130,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
                 "output_tokens": r.output_tokens if r else 0,
                 "cost_usd": r.cost_usd if r else None,
                 "run_id": r.run_id if r else None,
+                **_selection_row(r),
             }
         )
     n = len(rows)
@@ -168,6 +147,8 @@ def evaluate(request: EvalRequest) -> EvalResult:
             sum(r["format_valid"] for r in rows) / n if n and strategy == "conductor" else None
         ),
     }
+    selection = _selection_metrics(rows) or None
+    metrics.update(selection or {})
     solved = {r["question_id"] for r in rows if r["correct"]}
     pass_at_k = len(solved) / len(examples) if examples and request.samples > 1 else None
     if pass_at_k is not None:
@@ -188,6 +169,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
             "samples": request.samples,
             "seed": request.seed,
             "conductor": request.conductor,
+            "rm": request.rm,
         },
         metrics=metrics,
         rows=rows,
@@ -202,6 +184,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
         questions=len(examples),
         samples=request.samples,
         pass_at_k=pass_at_k,
+        selection=selection,
         correct=correct,
         accuracy=metrics["accuracy"],
         failed=metrics["failed"],

@@ -43,6 +43,7 @@ from conductor.strategies import (
     majority_vote,
     parse_strategy,
     random_plan,
+    random_plan_seed,
     self_consistency_plan,
 )
 from conductor.verify import answer_key
@@ -306,8 +307,10 @@ def _make_plan(
             self_consistency_plan(strategy.worker or "", request.question, strategy.samples)
         )
     if strategy.kind == "random-plan":
-        seed = int(hashlib.sha256(ids.question_id.encode()).hexdigest()[:8], 16) + request.seed
+        seed = random_plan_seed(ids.question_id, request.seed)
         return _Plan(random_plan(pool, seed, request.question, ids.max_steps))
+    if strategy.best_of and request.plan_text is None:
+        raise ConductorError(f"{strategy} runs through the best-of-n flow, not orchestrate")
     if request.plan_text is not None:  # written elsewhere (a GRPO rollout): only run it
         plan = Completion(
             text=request.plan_text,
@@ -447,6 +450,11 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
         correct=correct,
         reward=reward,
         question_id=ids.question_id,
+        step_outputs=[
+            (r.status, r.output if r.status == "completed" else r.error)
+            for r in sorted(execution.records, key=lambda r: r.step)
+            if r.depth == 0
+        ],
     )
     if execution.reason is not None:
         return Failed(message=execution.reason, data=result)

@@ -34,7 +34,8 @@ from conductor.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
 from conductor.store import ArtifactStore
 from conductor.training import TrainConductorRequest, TrainConductorResult
 from conductor.warm_start import warm_start_examples
-from flows.evaluate import evaluate, run_question
+from flows.best_of_n import run_question
+from flows.evaluate import evaluate
 from tasks.training import (
     EXPERIMENT,
     champion_needs_eval,

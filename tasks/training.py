@@ -42,6 +42,7 @@ __all__ = [
     "grpo_train",
     "register_conductor",
     "start_training_run",
+    "use_all_cores",
     "warm_start_train",
 ]
 
@@ -56,7 +57,7 @@ def _mlflow() -> Any:
     return mlflow
 
 
-def _use_all_cores() -> None:
+def use_all_cores() -> None:
     # The local provider leaves a core for Prefect's engine (torch_threads); a training
     # step is one big computation and wants every core.
     import os
@@ -131,7 +132,7 @@ def warm_start_train(
     from datasets import Dataset
     from trl import SFTTrainer
 
-    _use_all_cores()
+    use_all_cores()
     mlflow = _mlflow()
     model, tokenizer = load_trainable_base(request.base)
     rows = [{"prompt": e["prompt"], "completion": e["completion"]} for e in examples]
@@ -205,7 +206,7 @@ def grpo_train(
     from peft import PeftModel
     from trl import GRPOTrainer
 
-    _use_all_cores()
+    use_all_cores()
     mlflow = _mlflow()
     model, tokenizer = load_trainable_base(request.base)
     peft_config = None

@@ -19,9 +19,8 @@ import torch
 import yaml
 from prefect import flow
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from conductor.local_model import LocalModelRegistry, register, tokenizer_from_gguf
+from conductor.local_model import LocalModelRegistry, register
 from conductor.pool import load_pool
 from conductor.requests import EvalRequest
 from conductor.rewards import ExecutedPlanReward, Rollout
@@ -34,26 +33,6 @@ pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 QUESTIONS = {"What is 2 + 3?": "5", "What is 10 - 4?": "6", "What is 7 * 6?": "42"}
 RIGHT = 'model_id = [0]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
 WRONG = 'model_id = [1]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
-
-
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory) -> Path:
-    """A tiny random Llama with the SmolLM2 tokenizer, saved as an HF model directory."""
-    tokenizer = tokenizer_from_gguf()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    )
-    path = tmp_path_factory.mktemp("tiny-base")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture()

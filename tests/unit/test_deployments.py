@@ -24,7 +24,9 @@ def test_orchestrate_deployment_is_defined_on_a_process_pool():
 @pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
 def test_entrypoint_resolves_and_parameters_validate(deployment):
     flow = load_flow_from_entrypoint(deployment["entrypoint"])
-    assert flow.name == deployment["name"]
+    # A deployment is named after its flow, or after what it does with it (a schedule).
+    expected = {"retrain-orchrm": "train-reward-model"}.get(deployment["name"], deployment["name"])
+    assert flow.name == expected
     validated = flow.validate_parameters(deployment.get("parameters", {}))
     assert validated  # the default parameters are a valid form submission
 
@@ -57,3 +59,20 @@ def test_kubernetes_gpu_job_template_asks_for_a_gpu():
     ][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpus }}"
     assert template["variables"]["properties"]["gpus"]["default"] == 1
+
+
+def test_retrain_orchrm_runs_daily_on_the_pool_named_by_a_variable():
+    from prefect.client.schemas.schedules import CronSchedule
+
+    by_name = {d["name"]: d for d in _deployments()}
+    retrain = by_name["retrain-orchrm"]
+    (schedule,) = retrain["schedules"]
+    CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])  # raises if invalid
+    minute, hour, *every = schedule["cron"].split()
+    assert minute.isdigit() and hour.isdigit() and every == ["*", "*", "*"]  # once a day
+    assert retrain["work_pool"]["name"] == "{{ prefect.variables.orchrm_work_pool }}"
+    register = (PREFECT_YAML.parent / "register.sh").read_text()
+    assert "prefect variable set orchrm_work_pool conductor-process" in register
+    flow = load_flow_from_entrypoint(retrain["entrypoint"])
+    request = flow.validate_parameters(retrain["parameters"])["request"]
+    assert request.since is None and request.min_pairs == 64

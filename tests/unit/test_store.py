@@ -23,10 +23,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conductor.errors import StoreError
-from conductor.records import RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
+from conductor.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
 from conductor.store import TABLES, ArtifactStore, TableName
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+RUN_TABLES: tuple[TableName, ...] = ("runs", "steps")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -181,6 +182,99 @@ def test_summary_cost_is_none_when_no_cost_is_known(store: ArtifactStore):
     assert store.summary().cost_usd is None
 
 
+# -- OrchRM pairs ----------------------------------------------------------------------------
+
+
+def make_pairs(n: int, offset: int = 0, **kw: object) -> pa.Table:
+    """``n`` pairs in PAIRS_SCHEMA order; ``kw`` replaces whole columns (types inferred)."""
+    ids = range(offset, offset + n)
+    columns: dict[str, object] = {
+        "pair_id": [f"{i:016x}" for i in ids],
+        "question_id": [f"q{i % 3}" for i in ids],
+        "input": [f"Question: What is {i} + 1?\nWorkers: calculator\nPlan:" for i in ids],
+        "chosen": [f"step 0 · calculator · reads [-]: {i} + 1" for i in ids],
+        "rejected": [f"step 0 · smol · reads [-]: {i} + 1" for i in ids],
+        "source": ["correct-over-incorrect"] * n,
+        "margin": [1.0 if i % 2 else None for i in ids],
+        "split": ["test" if i % 3 == 0 else "train" for i in ids],
+        "chosen_run_id": [f"run-{i:05d}" for i in ids],
+        "rejected_run_id": [f"run-{i + 1:05d}" for i in ids],
+        "truncated": [i % 4 == 0 for i in ids],
+        "pair_set": ["mlflow-run-1"] * n,
+        "created_at": [T0 + timedelta(seconds=i) for i in ids],
+    }
+    table = pa.Table.from_pydict(columns, schema=PAIRS_SCHEMA)
+    for name, values in kw.items():
+        table = table.set_column(PAIRS_SCHEMA.get_field_index(name), name, pa.array(values))
+    return table
+
+
+def test_pairs_round_trip_and_outside_readers(store: ArtifactStore):
+    pairs = make_pairs(6)
+    path = store.write_pairs(pairs)
+    assert path is not None and os.path.exists(path) and "/pairs/part-" in path
+    got = store.read("pairs")
+    assert got.schema == PAIRS_SCHEMA and got.to_pylist() == pairs.to_pylist()
+    pd.testing.assert_frame_equal(store.read_pandas("pairs"), pairs.to_pandas())
+    # The released-dataset field names load straight from the folder, no store needed.
+    raw = pd.read_parquet(store.table_path("pairs"))
+    assert raw.shape == (6, len(PAIRS_SCHEMA))
+    assert raw[["input", "chosen", "rejected", "source"]].equals(
+        pairs.to_pandas()[["input", "chosen", "rejected", "source"]]
+    )
+    assert raw["margin"].isna().sum() == 3 and store.read("runs").num_rows == 0
+
+
+def test_write_pairs_casts_compatible_types_and_sorts(store: ArtifactStore):
+    pairs = make_pairs(3)
+    naive = pa.array([datetime(2025, 1, 1, 0, 0, 3 - i) for i in range(3)], pa.timestamp("ns"))
+    wide = pa.array(["mlflow-run-1"] * 3, pa.large_string())  # what from_pandas gives
+    other = pairs.set_column(12, "created_at", naive).set_column(11, "pair_set", wide)
+    store.write_pairs(other.select(list(reversed(PAIRS_SCHEMA.names))))
+    got = store.read("pairs")
+    assert got.schema == PAIRS_SCHEMA
+    assert got["pair_id"].to_pylist() == list(reversed(pairs["pair_id"].to_pylist()))
+    assert got["created_at"].to_pylist()[0] == T0 + timedelta(seconds=1)
+
+
+def test_write_pairs_of_an_empty_table_writes_nothing(store: ArtifactStore):
+    assert store.write_pairs(PAIRS_SCHEMA.empty_table()) is None
+    assert not Path(store.table_path("pairs")).exists()
+    assert store.read("pairs").num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        (make_pairs(2).drop_columns(["source"]), r"missing \['source'\]"),
+        (make_pairs(2).append_column("reference", pa.array(["3", "4"])), r"'reference'"),
+        (make_pairs(2, margin=["big", "small"]), r"column 'margin' is string, expected double"),
+        (make_pairs(2, chosen=["a", None]), r"column 'chosen' has 1 null"),
+        (make_pairs(2, split=["train", "valid"]), r"'split' must be .*\['valid'\]"),
+        (make_pairs(2).to_pandas(), r"expected a pyarrow.Table, got DataFrame"),
+    ],
+)
+def test_write_pairs_rejects_a_bad_table(store: ArtifactStore, table: object, match: str):
+    with pytest.raises(StoreError, match=match):
+        store.write_pairs(table)  # type: ignore[arg-type]
+    assert parquet_files(store, "pairs") == []
+
+
+def test_compaction_merges_pairs_files(store: ArtifactStore):
+    for b in range(3):
+        store.write_pairs(make_pairs(4, offset=10 * b))
+    store.write([make_run(1)], [])
+    before = store.read("pairs").sort_by("pair_id").to_pylist()
+    result = store.compact()
+    assert result.files_before == {"runs": 1, "steps": 0, "pairs": 3}
+    assert result.files_after["pairs"] == 1 and result.rows["pairs"] == 12
+    files = parquet_files(store, "pairs")
+    assert len(files) == 1 and files[0].name.startswith("compact-")
+    assert store.read("pairs").sort_by("pair_id").to_pylist() == before
+    assert pd.read_parquet(store.table_path("pairs")).shape[0] == 12
+    assert store.compact("pairs").rows == {"pairs": 0}
+
+
 # -- atomicity and concurrent writers --------------------------------------------------------
 
 _CHILD = textwrap.dedent(
@@ -268,6 +362,7 @@ def test_stray_tmp_file_is_ignored_by_every_reader(store: ArtifactStore):
     store.write([make_run(1)], make_steps("run-00001"))
     for table in TABLES:
         stray = Path(store.table_path(table)) / ".tmp-deadbeef.inprogress"
+        stray.parent.mkdir(exist_ok=True)  # pairs were never written
         stray.write_bytes(b"PAR1 half a file")
     assert store.read("runs").num_rows == 1 and store.summary().steps == 2
     assert pd.read_parquet(store.table_path("runs")).shape[0] == 1
@@ -275,7 +370,7 @@ def test_stray_tmp_file_is_ignored_by_every_reader(store: ArtifactStore):
     steps_glob = f"{store.table_path('steps')}/*.parquet"
     assert duckdb.sql(f"select count(*) from read_parquet('{steps_glob}')").fetchall()[0] == (2,)
     store.compact(min_files=1)
-    assert store.read("steps").num_rows == 2
+    assert store.read("steps").num_rows == 2 and store.read("pairs").num_rows == 0
     assert (Path(store.table_path("steps")) / ".tmp-deadbeef.inprogress").exists()  # recent: kept
 
 
@@ -286,14 +381,12 @@ def test_compaction_merges_files_into_one_with_identical_rows(store: ArtifactSto
     for b in range(5):
         runs = [make_run(10 * b + i) for i in range(3)]
         store.write(runs, [s for r in runs for s in make_steps(r.run_id)])
-    before = {t: store.read(t).sort_by("run_id").to_pylist() for t in TABLES}
+    before = {t: store.read(t).sort_by("run_id").to_pylist() for t in RUN_TABLES}
     result = store.compact()
-    assert result.files_before == {"runs": 5, "steps": 5}
-    assert result.files_after == {"runs": 1, "steps": 1} and result.rows == {
-        "runs": 15,
-        "steps": 30,
-    }
-    for table in TABLES:
+    assert result.files_before == {"runs": 5, "steps": 5, "pairs": 0}
+    assert result.files_after == {"runs": 1, "steps": 1, "pairs": 0}
+    assert result.rows == {"runs": 15, "steps": 30, "pairs": 0}
+    for table in RUN_TABLES:
         files = parquet_files(store, table)
         assert len(files) == 1 and files[0].name.startswith("compact-")
         assert store.read(table).sort_by("run_id").to_pylist() == before[table]
@@ -478,7 +571,7 @@ def test_errors_name_the_path(tmp_path: Path):
         good.read("runs")
     with pytest.raises(StoreError, match="nosuch://bucket/x"):
         ArtifactStore("nosuch://bucket/x").read("steps")
-    with pytest.raises(StoreError, match="'jobs'"):
+    with pytest.raises(StoreError, match="'jobs'.*'runs', 'steps' or 'pairs'"):
         store.table_path("jobs")  # type: ignore[arg-type]
 
 
@@ -489,6 +582,6 @@ def test_object_store_writes_final_keys_directly():
         store.write([make_run(b)], make_steps(f"run-{b:05d}"))
     names = [i.base_name for i in fs.get_file_info(pafs.FileSelector("bucket", recursive=True))]
     assert not [n for n in names if n.startswith(".")]
-    assert store.compact().files_after == {"runs": 1, "steps": 1}
+    assert store.compact().files_after == {"runs": 1, "steps": 1, "pairs": 0}
     summary = store.summary()
     assert (summary.runs, summary.steps, summary.files) == (3, 6, {"runs": 1, "steps": 1})

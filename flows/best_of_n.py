@@ -1,0 +1,269 @@
+"""Best-of-N with OrchRM (arXiv 2606.13598), and the one entry point that runs a question.
+
+- ``best-of-n:N[:PROPOSER]``: N plans are proposed and all N run (``orchestrate`` subflows,
+  concurrently); OrchRM scores each plan with its step outputs and the best run is the answer.
+  On the same N runs the selection also records the majority vote, a random pick and the
+  oracle (any of the N correct), so an eval shows how much of the ceiling OrchRM captures.
+- ``best-of-n-plan:N[:PROPOSER]``: OrchRM scores the N plans *before* execution and only
+  the chosen one runs, so only it spends worker tokens.
+
+Proposals come from the pool's conductor sampled at temperature 1.0, or from ``random-plan``
+with seeds ``seed .. seed + N - 1`` (the same plans as ``--samples N`` of ``random-plan``).
+Every executed candidate is stored as a run tagged ``selection`` (the strategy),
+``selection_id``, ``candidate`` and ``plan_score``; the full selection (scores, the chosen
+candidate, the baselines) is the ``selection`` field of the result and a table artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+
+import httpx
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import PrefectHTTPStatusError
+from prefect.runtime import flow_run
+from prefect.states import Failed, State
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from conductor.adapters import with_conductor
+from conductor.errors import PlanError
+from conductor.plan import parse_plan
+from conductor.pool import Pool, load_pool
+from conductor.prompts import describe_workers, render_plan
+from conductor.requests import OrchestrateRequest, RunResult
+from conductor.strategies import (
+    PROPOSER_TEMPERATURE,
+    Strategy,
+    majority_vote,
+    parse_strategy,
+    random_plan,
+    random_plan_seed,
+)
+from conductor.verify import answer_key
+from flows.orchestrate import orchestrate
+from reward_model.model import MODEL_NAME
+from tasks.planning import write_plan
+from tasks.reward_model import score_plans
+
+__all__ = ["best_of_n", "run_question", "DEFAULT_RM"]
+
+DEFAULT_RM = f"models:/{MODEL_NAME}@champion"
+QUESTION_RETRIES = 2
+
+
+def _api_failure(task: object, task_run: object, state: State) -> bool:
+    """Retry a question whose run the Prefect API failed (a 5xx, a dropped connection).
+
+    A loaded ephemeral server can answer 503 when its SQLite database is busy; the question
+    itself is fine and runs again. Failures of the question's own run are in its RunResult.
+    """
+    try:
+        state.result()
+    except PrefectHTTPStatusError as exc:
+        return exc.response.status_code >= 500
+    except httpx.TransportError:
+        return True
+    except Exception:  # noqa: BLE001 - anything else is not the API's doing
+        return False
+    return False
+
+
+def _finished(state: State, what: str) -> RunResult:
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, RunResult):
+        return result
+    raise RuntimeError(f"{what}: {result}")
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="question",
+    task_run_name="question {request.question_id}",
+    retries=QUESTION_RETRIES,
+    retry_delay_seconds=2,
+    retry_condition_fn=_api_failure,
+)
+def run_question(request: OrchestrateRequest) -> RunResult:
+    """One question through its flow (best-of-n or orchestrate); a failed run still returns
+    its result."""
+    if parse_strategy(request.strategy).best_of:
+        return _finished(best_of_n(request, return_state=True), f"question {request.question_id}")
+    return _finished(orchestrate(request, return_state=True), f"question {request.question_id}")
+
+
+@task(cache_policy=NO_CACHE, name="candidate", task_run_name="candidate {index}")
+def run_candidate(request: OrchestrateRequest, index: int) -> RunResult:
+    return _finished(orchestrate(request, return_state=True), f"candidate {index}")
+
+
+def _question_id(request: OrchestrateRequest) -> str:
+    return request.question_id or hashlib.sha256(request.question.strip().encode()).hexdigest()[:16]
+
+
+def _proposals(
+    request: OrchestrateRequest, pool: Pool, strategy: Strategy, qid: str
+) -> tuple[list[tuple[str, dict | None]], str, tuple[int, int]]:
+    """N proposals as (plan text, parsed lists or None), who wrote them, and their tokens
+    (input, output)."""
+    n, max_steps = strategy.samples, request.max_steps or pool.max_steps
+    if strategy.proposer == "random-plan":
+        plans = [
+            random_plan(pool, random_plan_seed(qid, request.seed + k), request.question, max_steps)
+            for k in range(n)
+        ]
+        return [(render_plan(w, pool), w.to_lists()) for w in plans], "random-plan", (0, 0)
+    futures = [
+        write_plan.submit(
+            request.question,
+            pool.with_conductor_sampling(PROPOSER_TEMPERATURE, request.seed + k),
+            max_steps,
+        )
+        for k in range(n)
+    ]
+    out, inp, outp = [], 0, 0
+    for f in futures:
+        completion = f.result()
+        inp += completion.input_tokens or 0
+        outp += completion.output_tokens or 0
+        try:
+            lists = parse_plan(completion.text, pool, max_steps=max_steps).to_lists()
+        except PlanError:
+            lists = None
+        out.append((completion.text, lists))
+    return out, pool.conductor.model, (inp, outp)
+
+
+def _argmax(scores: list[float]) -> int:
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
+def _baselines(results: list[RunResult], kind: str, qid: str, seed: int) -> dict[str, object]:
+    """Majority vote, a random pick and the oracle over the same executed candidates."""
+    answers = [r.answer or "" for r in results if r.status == "completed"]
+    voted = majority_vote(answers, lambda text: answer_key(kind, text)) if answers else None
+    majority = next((r for r in results if voted is not None and r.answer == voted), None)
+    pick = random.Random(random_plan_seed(qid, seed)).randrange(len(results))
+    return {
+        "majority_answer": voted,
+        "majority_correct": bool(majority and majority.correct),
+        "random_pick": pick,
+        "random_correct": bool(results[pick].correct),
+        "oracle_correct": any(bool(r.correct) for r in results),
+    }
+
+
+@flow(
+    name="best-of-n",
+    flow_run_name="best-of-n · {request.strategy}",
+    task_runner=ThreadPoolTaskRunner(64),
+    log_prints=False,
+)
+def best_of_n(request: OrchestrateRequest) -> RunResult | State:
+    """Propose N plans, let OrchRM choose (before or after running them), return the chosen run."""
+    started = time.perf_counter()
+    pool = load_pool(request.pool)
+    if request.conductor:
+        pool = with_conductor(pool, request.conductor)
+    strategy = parse_strategy(request.strategy, pool)
+    if not strategy.best_of:
+        raise ValueError(f"best_of_n runs best-of-n strategies, not {strategy}")
+    qid = _question_id(request)
+    rm = request.rm or DEFAULT_RM
+    workers = describe_workers(pool)
+    proposals, source, (proposal_in, proposal_out) = _proposals(request, pool, strategy, qid)
+    proposal_tokens = proposal_in + proposal_out
+    plans = [lists if lists is not None else text for text, lists in proposals]
+    plan_scores = score_plans(rm, request.question, plans, None, workers)
+    selection_id = str(flow_run.id or time.time_ns())
+
+    def candidate(k: int, selected: bool | None) -> OrchestrateRequest:
+        tags = {
+            **request.tags,
+            "selection": str(strategy),
+            "selection_id": selection_id,
+            "candidate": str(k),
+            "plan_score": f"{plan_scores[k]:.6f}",
+        }
+        if selected is not None:
+            tags["selected"] = str(selected).lower()
+        return request.model_copy(
+            update={
+                "question_id": qid,
+                "plan_text": proposals[k][0],
+                "plan_source": source,
+                "tags": tags,
+            }
+        )
+
+    n = len(proposals)
+    if strategy.kind == "best-of-n-plan":
+        chosen = _argmax(plan_scores)
+        result = run_candidate(candidate(chosen, True), chosen)
+        results: list[RunResult | None] = [None] * n
+        results[chosen] = result
+        scores = plan_scores
+        selection: dict[str, object] = {"executed": 1}
+        tokens = result.input_tokens + result.output_tokens
+    else:
+        futures = [run_candidate.submit(candidate(k, None), k) for k in range(n)]
+        done = [f.result() for f in futures]
+        scores = score_plans(rm, request.question, plans, [r.step_outputs for r in done], workers)
+        chosen = _argmax(scores)
+        result, results = done[chosen], list(done)
+        selection = {"executed": n, **_baselines(done, request.kind, qid, request.seed)}
+        tokens = sum(r.input_tokens + r.output_tokens for r in done)
+    selection |= {
+        "strategy": str(strategy),
+        "selection_id": selection_id,
+        "rm": rm,
+        "chosen": chosen,
+        "chosen_correct": result.correct,
+        "plan_scores": plan_scores,
+        "scores": scores,
+        "plan_pick": _argmax(plan_scores),
+        "plan_pick_correct": (
+            results[_argmax(plan_scores)].correct if results[_argmax(plan_scores)] else None
+        ),
+        "candidates": [
+            {
+                "run_id": r.run_id if r else None,
+                "answer": r.answer if r else None,
+                "correct": r.correct if r else None,
+                "tokens": (r.input_tokens + r.output_tokens) if r else None,
+            }
+            for r in results
+        ],
+        "proposal_tokens": proposal_tokens,
+        "tokens": tokens + proposal_tokens,
+    }
+    create_table_artifact(
+        key="best-of-n",
+        table=[
+            {
+                "candidate": k,
+                "plan score": round(plan_scores[k], 4),
+                "score": round(scores[k], 4),
+                "chosen": "yes" if k == chosen else "",
+                "answer": (r.answer or "")[:80] if r else "(not run)",
+                "correct": "" if r is None or r.correct is None else str(r.correct),
+            }
+            for k, r in enumerate(results)
+        ],
+        description=f"{strategy}: OrchRM scores of the {n} candidates",
+    )
+    out = result.model_copy(
+        update={
+            "selection": selection,
+            # What the strategy spent: every executed candidate and the proposals.
+            "input_tokens": sum(r.input_tokens for r in results if r) + proposal_in,
+            "output_tokens": sum(r.output_tokens for r in results if r) + proposal_out,
+            "wall_s": round(time.perf_counter() - started, 3),
+        }
+    )
+    if out.status != "completed":
+        return Failed(message=out.reason or "the chosen run failed", data=out)
+    return out

@@ -1,0 +1,284 @@
+"""OrchRM end to end on the CPU: stored runs -> pairs -> RewardTrainer -> registry -> best-of-N.
+
+A tiny random backbone (from a config) and fake workers: ``oracle`` knows the answers,
+``echo`` repeats its input. Runs come from a real ``random-plan`` eval with ``--samples``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from conductor.requests import EvalRequest, OrchestrateRequest
+from conductor.store import ArtifactStore
+from reward_model.model import RewardModelRequest, load_reward_model
+from tests.fakes import ANSWERS
+
+pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
+
+QUESTIONS = {
+    "What is 2 + 3?": "5",
+    "What is 10 - 4?": "6",
+    "What is 7 * 6?": "42",
+    "What is 9 + 9?": "18",
+    "What is 8 - 1?": "7",
+    "What is 3 * 3?": "9",
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_base):
+    """A home with stored random-plan runs (4 samples per question) and a trained OrchRM."""
+    import os
+
+    from flows.evaluate import evaluate
+    from flows.train_reward_model import train_reward_model
+
+    root = tmp_path_factory.mktemp("orchrm")
+    saved = {k: os.environ.get(k) for k in ("CONDUCTOR_HOME", "MLFLOW_TRACKING_URI")}
+    os.environ["CONDUCTOR_HOME"] = str(root / "home")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    data = root / "mini.jsonl"
+    rows = [
+        {"id": f"{split}-q{i}", "question": q, "reference": a, "kind": "math", "split": split}
+        for split in ("train", "test")
+        for i, (q, a) in enumerate(QUESTIONS.items())
+    ]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    ANSWERS.clear()
+    ANSWERS.update({q: f"The answer is {a}." for q, a in QUESTIONS.items()})
+    pool = root / "pool.yaml"
+    pool.write_text(
+        yaml.safe_dump(
+            {
+                "conductor": {"model": "fake/echo"},
+                "workers": [
+                    {"name": "oracle", "model": "fake/lookup", "description": "Knows answers."},
+                    {"name": "echo", "model": "fake/echo", "description": "Repeats."},
+                ],
+                "max_steps": 3,
+            }
+        )
+    )
+    from tests.fakes import register_fake_provider
+
+    register_fake_provider()
+    eval_result = evaluate(
+        EvalRequest(
+            dataset=str(data),
+            split="train",
+            strategy="random-plan",
+            samples=4,
+            pool=str(pool),
+            concurrency=8,
+        )
+    )
+    # A split seed that holds out some of the six questions, not all.
+    from reward_model.pairs import split_of
+
+    seed = next(
+        s
+        for s in range(100)
+        if 2 <= [split_of(f"train-q{i}", 0.34, s) for i in range(6)].count("test") <= 3
+    )
+    request = RewardModelRequest(
+        base=str(tiny_base),
+        pool=str(pool),
+        min_pairs=1,
+        max_steps=3,
+        batch_size=4,
+        learning_rate=1e-2,
+        test_fraction=0.34,
+        seed=seed,
+    )
+    trained = train_reward_model(request)
+    yield {"data": data, "pool": pool, "eval": eval_result, "request": request, "trained": trained}
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_samples_store_k_runs_per_question_tagged_and_report_pass_at_k(world):
+    result = world["eval"]
+    assert (result.n, result.questions, result.samples) == (24, 6, 4)
+    runs = ArtifactStore().read_pandas("runs")
+    tags = runs["tags"].map(dict)
+    assert sorted(tags.map(lambda t: t.get("sample")).value_counts().to_dict().items()) == [
+        (str(k), 6) for k in range(4)
+    ]
+    solved = runs[runs["correct"].fillna(False).astype(bool)]["question_id"].nunique()
+    assert result.pass_at_k == pytest.approx(solved / 6)
+    # Four different seeds: the four plans of one question are not all the same.
+    plans = runs.groupby("question_id")["workflow_json"].nunique()
+    assert (plans > 1).any()
+
+
+def test_train_rm_stores_pairs_tracks_registers_and_changes_weights(world):
+    import mlflow
+
+    from tasks.tracking import tracking_uri
+
+    trained = world["trained"]
+    assert trained.trained, trained.message
+    assert trained.pairs_train > 0 and trained.pairs_test > 0
+    assert sum(trained.pairs_by_source.values()) == trained.pairs_train + trained.pairs_test
+    assert 0.0 <= trained.pairwise_accuracy <= 1.0
+    assert set(trained.pairwise_accuracy_by_source) <= set(trained.pairs_by_source)
+    stored = ArtifactStore().read_pandas("pairs")
+    assert len(stored) == trained.pairs_new == trained.pairs_train + trained.pairs_test
+    assert set(stored["pair_set"]) and not (
+        set(stored[stored.split == "train"].question_id) & set(stored[stored.split == "test"].question_id)
+    )
+    # LoRA B starts at zero: after the RewardTrainer steps it is not; the score head is saved.
+    weights = load_file(str(Path(trained.model_dir) / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in weights.items())
+    assert any("score" in k for k in weights)
+    client = mlflow.MlflowClient(tracking_uri())
+    run = client.get_run(trained.run_id)
+    assert run.data.metrics["pairwise_accuracy"] == pytest.approx(trained.pairwise_accuracy)
+    assert run.data.metrics["pairs_train"] == trained.pairs_train
+    assert client.get_model_version_by_alias("orchrm", "champion").run_id == trained.run_id
+    assert client.get_model_version_by_alias("orchrm", "candidate").run_id == trained.run_id
+    nested = client.search_runs(
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{trained.run_id}'"
+    )
+    assert any("loss" in r.data.metrics or "train_loss" in r.data.metrics for r in nested)
+
+
+def test_train_rm_without_enough_new_pairs_trains_nothing(world):
+    from flows.train_reward_model import train_reward_model
+
+    again = train_reward_model(world["request"])
+    assert not again.trained and again.run_id is None and again.pairs_new == 0
+    assert "nothing trained" in again.message
+
+
+def test_a_worse_candidate_is_not_promoted(world):
+    import mlflow
+
+    from tasks.reward_model import register_reward_model, start_rm_run
+    from tasks.tracking import tracking_uri
+
+    trained = world["trained"]
+    run_id = start_rm_run.fn(world["request"], {})
+    reg = register_reward_model.fn(
+        run_id,
+        Path(trained.model_dir),
+        accuracy=0.1,
+        champion_accuracy=0.9,
+        has_champion=True,
+        promote=True,
+    )
+    client = mlflow.MlflowClient(tracking_uri())
+    assert not reg.promoted
+    assert str(client.get_model_version_by_alias("orchrm", "candidate").version) == reg.version
+    assert client.get_model_version_by_alias("orchrm", "champion").run_id == trained.run_id
+
+
+def test_scores_are_deterministic_and_batching_does_not_change_them(world):
+    rm = load_reward_model(world["trained"].model_dir)
+    plans = [
+        {"model_id": ["oracle"], "subtasks": ["What is 2 + 3?"], "access_list": [[]]},
+        {"model_id": ["echo", "oracle"], "subtasks": ["a", "b"], "access_list": [[], [0]]},
+        "not a plan at all",
+    ]
+    outputs = [[("completed", "The answer is 5.")], [("failed", "boom"), ("skipped", None)], None]
+    first = rm.score("What is 2 + 3?", plans, outputs, pool_description="oracle, echo")
+    again = rm.score("What is 2 + 3?", plans, outputs, pool_description="oracle, echo")
+    assert first == again and len(first) == 3
+    rm.batch_size = 1
+    try:
+        one_by_one = rm.score("What is 2 + 3?", plans, outputs, pool_description="oracle, echo")
+    finally:
+        rm.batch_size = 16
+    assert one_by_one == pytest.approx(first, abs=1e-4)
+    with_outputs = rm.score("What is 2 + 3?", plans[:1], outputs[:1], pool_description="x")
+    plan_only = rm.score("What is 2 + 3?", plans[:1], None, pool_description="x")
+    assert with_outputs != plan_only  # the outputs are read
+
+
+def _runs_of(selection_id: str):
+    runs = ArtifactStore().read_pandas("runs")
+    return runs[runs["tags"].map(lambda t: dict(t).get("selection_id") == selection_id)]
+
+
+def test_best_of_n_runs_all_candidates_and_picks_the_top_score(world):
+    from flows.best_of_n import best_of_n
+
+    result = best_of_n(
+        OrchestrateRequest(
+            question="What is 9 + 9?",
+            question_id="train-q3",
+            reference="18",
+            pool=str(world["pool"]),
+            strategy="best-of-n:3:random-plan",
+            rm=world["trained"].model_dir,
+        ),
+        return_state=True,
+    ).result(raise_on_failure=False)
+    s = result.selection
+    assert s["executed"] == 3 and len(s["scores"]) == 3
+    assert s["chosen"] == max(range(3), key=lambda i: (s["scores"][i], -i))
+    assert result.run_id == s["candidates"][s["chosen"]]["run_id"]
+    assert s["oracle_correct"] == any(c["correct"] for c in s["candidates"])
+    stored = _runs_of(s["selection_id"])
+    assert len(stored) == 3
+    assert sorted(stored["tags"].map(lambda t: dict(t)["candidate"])) == ["0", "1", "2"]
+    assert result.input_tokens + result.output_tokens == s["tokens"]
+
+
+def test_best_of_n_plan_scores_before_running_and_runs_exactly_one_plan(world):
+    from flows.best_of_n import best_of_n
+
+    result = best_of_n(
+        OrchestrateRequest(
+            question="What is 7 * 6?",
+            question_id="train-q2",
+            reference="42",
+            pool=str(world["pool"]),
+            strategy="best-of-n-plan:4:random-plan",
+            rm=world["trained"].model_dir,
+        )
+    )
+    s = result.selection
+    assert s["executed"] == 1
+    assert s["chosen"] == max(range(4), key=lambda i: (s["plan_scores"][i], -i))
+    stored = _runs_of(s["selection_id"])
+    assert len(stored) == 1 and stored.iloc[0]["run_id"] == result.run_id
+    assert dict(stored.iloc[0]["tags"])["selected"] == "true"
+    steps = ArtifactStore().read_pandas("steps")
+    ran = steps[steps["run_id"] == result.run_id]
+    assert len(ran) == len(result.workflow)  # only the chosen plan's steps ran
+    assert [c["run_id"] is None for c in s["candidates"]].count(False) == 1
+
+
+def test_eval_best_of_n_reports_baselines_on_the_same_candidates(world):
+    from flows.evaluate import evaluate
+
+    result = evaluate(
+        EvalRequest(
+            dataset=str(world["data"]),
+            split="test",
+            limit=3,
+            strategy="best-of-n:3:random-plan",
+            pool=str(world["pool"]),
+            rm=world["trained"].model_dir,
+        )
+    )
+    sel = result.selection
+    assert set(sel) == {
+        "majority_accuracy",
+        "random_accuracy",
+        "oracle_accuracy",
+        "plan_pick_accuracy",
+    }
+    # The oracle bounds every pick made among the same candidates.
+    assert max(result.accuracy, sel["majority_accuracy"], sel["random_accuracy"]) <= (
+        sel["oracle_accuracy"]
+    )
