@@ -133,7 +133,8 @@ def test_train_rm_stores_pairs_tracks_registers_and_changes_weights(world):
     stored = ArtifactStore().read_pandas("pairs")
     assert len(stored) == trained.pairs_new == trained.pairs_train + trained.pairs_test
     assert set(stored["pair_set"]) and not (
-        set(stored[stored.split == "train"].question_id) & set(stored[stored.split == "test"].question_id)
+        set(stored[stored.split == "train"].question_id)
+        & set(stored[stored.split == "test"].question_id)
     )
     # LoRA B starts at zero: after the RewardTrainer steps it is not; the score head is saved.
     weights = load_file(str(Path(trained.model_dir) / "adapter_model.safetensors"))
@@ -279,6 +280,7 @@ def test_eval_best_of_n_reports_baselines_on_the_same_candidates(world):
         "plan_pick_accuracy",
     }
     # The oracle bounds every pick made among the same candidates.
-    assert max(result.accuracy, sel["majority_accuracy"], sel["random_accuracy"]) <= (
-        sel["oracle_accuracy"]
+    assert (
+        max(result.accuracy, sel["majority_accuracy"], sel["random_accuracy"])
+        <= (sel["oracle_accuracy"])
     )
