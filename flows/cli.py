@@ -448,6 +448,10 @@ def train_rm_cmd(
         Optional[str],  # noqa: UP045
         typer.Option(help="Build pairs from runs created since this date (default: all runs)."),
     ] = None,
+    split: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Only runs of this dataset split, e.g. train (default: all runs)."),
+    ] = None,
     min_pairs: Annotated[int, typer.Option(help="Train only with at least N new pairs.")] = 64,
     max_steps: Annotated[int, typer.Option(help="RewardTrainer steps.")] = 120,
     batch_size: Annotated[int, typer.Option(help="Pairs per step.")] = 8,
@@ -472,6 +476,7 @@ def train_rm_cmd(
     try:
         request = RewardModelRequest(
             since=since,
+            split=split,
             min_pairs=min_pairs,
             max_steps=max_steps,
             batch_size=batch_size,

@@ -77,11 +77,12 @@ def train_reward_model(request: RewardModelRequest) -> RewardModelResult:
         return _result(built, started, run_id=None, trained=False, message=message)
 
     run_id = start_rm_run(request, {"prefect_flow_run": pair_set})
-    status = "FAILED"
+    status, metrics = "FAILED", {}
     try:
         store_pairs(built, request.artifacts)
         output_dir = Path(request.output_dir or conductor_home() / "training" / run_id)
         model_dir, train_metrics = train_on_pairs(request, built.train, output_dir, run_id)
+        metrics.update(train_metrics)
         accuracy = evaluate_reward_model(str(model_dir), built.test, request.seed)
         champion = champion_ref()
         champion_accuracy = None
@@ -126,4 +127,4 @@ def train_reward_model(request: RewardModelRequest) -> RewardModelResult:
             model_dir=str(model_dir),
         )
     finally:
-        finish_rm_run(run_id, status, {"wall_s": time.perf_counter() - started})
+        finish_rm_run(run_id, status, {**metrics, "wall_s": time.perf_counter() - started})

@@ -63,6 +63,11 @@ class RewardModelRequest(BaseModel):
         default=None,
         description="Only runs created at or after this date (ISO); default: every run.",
     )
+    split: str | None = Field(
+        default=None,
+        description="Only runs tagged with this dataset split (e.g. train, so that the test "
+        "questions stay unseen); default: every run.",
+    )
     min_pairs: int = Field(
         default=64, ge=1, description="Train only if at least this many new pairs exist."
     )

@@ -10,21 +10,22 @@ loads straight into ``datasets``.
 Sources, in priority order (:data:`PAIR_SOURCES`; a pair two sources would both give is kept
 under the first):
 
-1. ``correct-over-incorrect``: a verified-correct run over a verified-wrong run of the same
+1. ``specialized-over-base``: a trained conductor's plan over the base conductor's, when its
+   reward was higher (the paper also draws pairs from intermediate model checkpoints). It is
+   first so that the pairs it shares with sources 2 and 3 keep this, the more specific label;
+2. ``correct-over-incorrect``: a verified-correct run over a verified-wrong run of the same
    question, plan only and (``with_outputs``) plan with its step outputs;
-2. ``valid-over-invalid``: a valid plan over a conductor's unparseable text;
-3. ``step-completed-over-failed``: the plan prefixes up to a step index at which one run's step
+3. ``valid-over-invalid``: a valid plan over a conductor's unparseable text;
+4. ``step-completed-over-failed``: the plan prefixes up to a step index at which one run's step
    completed and another's failed;
-4. ``prefix-correct-over-wrong``: each k-step plan prefix of a correct run over the differing
-   k-step prefix of a wrong run (pairs from *intermediate* artifacts);
-5. ``specialized-over-base``: a trained conductor's plan over the base conductor's, when its
-   reward was higher (the paper also draws pairs from intermediate model checkpoints).
+5. ``prefix-correct-over-wrong``: each k-step plan prefix of a correct run over the differing
+   k-step prefix of a wrong run (pairs from *intermediate* artifacts).
 
-Sources 2-4 are this project's reading of "pairs from intermediate artifacts": the released
-dataset has only sources 1 and 5. Departure: here source 5 needs an outcome that supports it.
-With the paper's reward (0 invalid, 0.5 wrong, 1 correct) sources 1 and 2 already give most
-such pairs, so source 5 keeps only the rest, e.g. a valid but wrong plan over a base plan that
-did not parse (whose fallback plan happened to answer right).
+Sources 3-5 are this project's reading of "pairs from intermediate artifacts": the released
+dataset has only ``correct-over-incorrect`` and ``specialized-over-base``. Departure: here
+``specialized-over-base`` needs an outcome that supports it (a higher reward).
+
+Runs are grouped by question id *and* text: a generated dataset reuses its ids across seeds.
 
 Everything is pure (DataFrames in, a DataFrame out); the training flow reads the store and
 passes the real tokenizer as ``count_tokens``. The runs' ``reference`` column is never read:
@@ -63,12 +64,13 @@ __all__ = [
     "truncate",
 ]
 
+# In priority order: a pair two sources would both make keeps the first (most specific) label.
 PAIR_SOURCES = (
+    "specialized-over-base",
     "correct-over-incorrect",
     "valid-over-invalid",
     "step-completed-over-failed",
     "prefix-correct-over-wrong",
-    "specialized-over-base",
 )
 
 # The only columns read. ``reference`` is not among them: a pair may hold only what a plan held.
@@ -311,7 +313,8 @@ def _steps_by_run(steps: pd.DataFrame) -> dict[str, list[Any]]:
 
 
 def _load_runs(runs: pd.DataFrame, steps: pd.DataFrame) -> dict[str, list[_Run]]:
-    """Runs grouped by question id (sorted, so the result does not depend on row order)."""
+    """Runs grouped by question (id and text: generated datasets reuse an id across seeds),
+    sorted, so the result does not depend on row order."""
     missing = [c for c in PAIR_RUN_COLUMNS if c not in runs.columns]
     if missing:
         raise ValueError(f"runs table lacks columns {missing}")
@@ -335,7 +338,7 @@ def _load_runs(runs: pd.DataFrame, steps: pd.DataFrame) -> dict[str, list[_Run]]
                 body = _text(r.error) if status == "failed" else _text(r.output)
                 outputs[int(r.step)] = (status, body)
         tokens = (_number(row.input_tokens) or 0) + (_number(row.output_tokens) or 0)
-        by_question[str(row.question_id)].append(
+        by_question[f"{row.question_id}\x00{row.question}"].append(
             _Run(
                 run_id=str(row.run_id),
                 question_id=str(row.question_id),
@@ -526,9 +529,10 @@ def build_pairs(
     used: dict[str, dict[str, int]] = {s: {} for s in PAIR_SOURCES}  # run id -> tokens
     seen: set[str] = set()
     for source in PAIR_SOURCES:  # source-major, so the first source keeps a shared pair
-        for question_id, question_runs in grouped.items():
+        for key, question_runs in grouped.items():
+            question_id = question_runs[0].question_id
             drawn = list(candidates(source, question_runs))
-            random.Random(f"{config.seed}\x00{source}\x00{question_id}").shuffle(drawn)
+            random.Random(f"{config.seed}\x00{source}\x00{key}").shuffle(drawn)
             prompt = reward_input(question_runs[0].question, pool_description)
             split = split_of(question_id, config.test_fraction, config.seed)
             kept = 0

@@ -110,8 +110,11 @@ def build_reward_pairs(request: RewardModelRequest, pool: Pool, pair_set: str) -
     """Read ``runs`` and ``steps`` (no model calls), build and deduplicate the pairs."""
     store = ArtifactStore(request.artifacts)
     # Only the columns pairs are built from: the reference answers are never even loaded.
-    runs = store.read_pandas("runs", columns=[*PAIR_RUN_COLUMNS, "created_at"])
+    runs = store.read_pandas("runs", columns=[*PAIR_RUN_COLUMNS, "created_at", "tags"])
     runs = _runs_since(runs, request.since)
+    if request.split is not None:
+        split = runs["tags"].map(lambda t: dict(t if t is not None else ()).get("split"))
+        runs = runs[split == request.split]
     steps = store.read_pandas("steps", columns=list(PAIR_STEP_COLUMNS))
     steps = steps[steps["run_id"].isin(set(runs["run_id"]))]
     from conductor.local_model import SMOLLM2

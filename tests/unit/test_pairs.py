@@ -290,8 +290,10 @@ def test_a_pair_two_sources_give_is_kept_by_the_first():
     built = build(
         [trained, base], base_conductor="local/base", config=PairConfig(with_outputs=False)
     )
-    # Both valid-over-invalid and specialized-over-base (reward 1 > 0) give this pair.
-    assert list(built.pairs["source"]) == ["valid-over-invalid"]
+    # Both valid-over-invalid and specialized-over-base (reward 1 > 0) give this pair; the
+    # more specific label, first in PAIR_SOURCES, keeps it.
+    assert PAIR_SOURCES[0] == "specialized-over-base"
+    assert list(built.pairs["source"]) == ["specialized-over-base"]
     assert list(built.pairs["rejected"]) == ["unparsed plan:\nthe answer"]
 
 
@@ -449,3 +451,12 @@ def test_pairs_table_round_trips_through_the_store(tmp_path: Path):
     assert got["margin"].isna().any() and got["margin"].notna().any()  # nulls survive
     empty = pairs_table(built.pairs.iloc[:0], "mlflow-abc")
     assert empty.num_rows == 0 and store.write_pairs(empty) is None
+
+
+def test_runs_of_different_questions_sharing_an_id_never_pair():
+    # Generated datasets reuse ids across seeds: same id, different question text.
+    right = run("r1", plan=[("calculator", "1 + 1")], correct=True)
+    other = {**run("r2", plan=[("smol", "2 + 2")], correct=False), "question": "What is 2 + 2?"}
+    assert build([right, other]).pairs.empty
+    same = run("r3", plan=[("smol", "1 + 1")], correct=False)
+    assert not of(build([right, same]), "correct-over-incorrect").empty
