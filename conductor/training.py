@@ -88,7 +88,14 @@ class TrainConductorRequest(BaseModel):
     token_penalty_weight: float = Field(
         default=0.0, ge=0, description="Weight of minus tokens/1k spent by the executed plan."
     )
-    orchrm_weight: float = Field(default=0.0, ge=0, description="Weight of the OrchRM score.")
+    orchrm_weight: float = Field(
+        default=0.0, ge=0, description="Weight of the OrchRM score of each plan (0: unused)."
+    )
+    orchrm: str | None = Field(
+        default=None,
+        description="The OrchRM of orchrm_weight: a directory or models:/orchrm@champion "
+        "(the default).",
+    )
     rollout_concurrency: int = Field(default=16, ge=1, le=64, description="Rollouts at once.")
     seed: int = Field(default=0, description="Seed of data order, sampling and the dataset.")
     output_dir: str | None = Field(

@@ -45,13 +45,13 @@ from conductor.strategies import (
 )
 from conductor.verify import answer_key
 from flows.orchestrate import orchestrate
-from reward_model.model import MODEL_NAME
+from reward_model.model import CHAMPION
 from tasks.planning import write_plan
 from tasks.reward_model import score_plans
 
 __all__ = ["best_of_n", "run_question", "DEFAULT_RM"]
 
-DEFAULT_RM = f"models:/{MODEL_NAME}@champion"
+DEFAULT_RM = CHAMPION
 QUESTION_RETRIES = 2
 
 

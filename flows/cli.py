@@ -381,6 +381,10 @@ def train_conductor_cmd(
         bool, typer.Option("--no-eval-before", help="Skip evaluating the starting conductor.")
     ] = False,
     orchrm_weight: Annotated[float, typer.Option(help="Weight of the OrchRM reward.")] = 0.0,
+    orchrm: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="OrchRM of --orchrm-weight (default models:/orchrm@champion)."),
+    ] = None,
     token_penalty: Annotated[
         float, typer.Option(help="Weight of the token-cost penalty (tokens/1k).")
     ] = 0.0,
@@ -417,6 +421,7 @@ def train_conductor_cmd(
             learning_rate=learning_rate,
             loss_type=loss_type,
             orchrm_weight=orchrm_weight,
+            orchrm=orchrm,
             token_penalty_weight=token_penalty,
             promote=not no_promote,
             seed=seed,
@@ -425,7 +430,9 @@ def train_conductor_cmd(
         err = exc.errors()[0]
         _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
     if orchrm_weight:
-        _fail("--orchrm-weight: OrchRM (issue #9) is not available yet")
+        from reward_model.model import CHAMPION, load_reward_model
+
+        load_reward_model(orchrm or CHAMPION)  # a missing reward model fails here, in one line
     from flows.train_conductor import train_conductor
 
     for name in ("prefect.flow_runs", "prefect.task_runs"):

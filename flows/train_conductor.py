@@ -137,8 +137,6 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
     """Train the conductor with GRPO on executed plans; register and maybe promote it."""
     started = time.perf_counter()
     log = get_run_logger()
-    if request.orchrm_weight:
-        raise ConductorError("orchrm_weight: OrchRM (issue #9) is not available yet; leave it at 0")
     pool = _training_pool(request)
     train = load_dataset(
         request.dataset, split=request.split, limit=request.limit, seed=request.seed

@@ -32,6 +32,7 @@ from conductor.workflow import Workflow
 from reward_model.pairs import plan_document, raw_plan_document, reward_input
 
 __all__ = [
+    "CHAMPION",
     "MODEL_NAME",
     "RM_META",
     "OrchRM",
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 MODEL_NAME = "orchrm"
+CHAMPION = f"models:/{MODEL_NAME}@champion"
 RM_META = "orchrm.json"
 DEFAULT_BASE = "smollm2-135m-instruct"
 
@@ -279,7 +281,7 @@ def _resolve(ref: str) -> Path:
             return download_registered(ref)
         except AdapterError as exc:
             raise RewardModelError(
-                f"{exc}; train one with `conductor train-rm` or pass --rm PATH"
+                f"OrchRM {exc}; train one with `conductor train-rm`, or name a model directory"
             ) from None
     path = Path(ref).expanduser().resolve()
     if not (path / RM_META).is_file():

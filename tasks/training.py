@@ -219,6 +219,12 @@ def grpo_train(
     if request.token_penalty_weight:
         reward_funcs.append(TokenCostPenalty(plan_reward))
         weights.append(request.token_penalty_weight)
+    if request.orchrm_weight:
+        from reward_model.model import CHAMPION
+        from reward_model.rewards import OrchRMReward
+
+        reward_funcs.append(OrchRMReward(request.orchrm or CHAMPION, pool))
+        weights.append(request.orchrm_weight)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,

@@ -284,3 +284,47 @@ def test_eval_best_of_n_reports_baselines_on_the_same_candidates(world):
         max(result.accuracy, sel["majority_accuracy"], sel["random_accuracy"])
         <= (sel["oracle_accuracy"])
     )
+
+
+def test_orchrm_reward_scores_the_plan_each_completion_writes(world):
+    from conductor.pool import load_pool
+    from conductor.prompts import describe_workers
+    from reward_model.rewards import OrchRMReward
+
+    pool = load_pool(world["pool"])
+    reward = OrchRMReward(world["trained"].model_dir, pool)
+    good = 'model_id = [0]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
+    scores = reward(["p", "p"], [good, "no plan here"], question=["What is 2 + 3?"] * 2)
+    rm = load_reward_model(world["trained"].model_dir)
+    expected = rm.score(
+        "What is 2 + 3?",
+        [
+            {"model_id": ["oracle"], "subtasks": ["What is 2 + 3?"], "access_list": [[]]},
+            "no plan here",
+        ],
+        pool_description=describe_workers(pool),
+    )
+    assert scores == pytest.approx(expected) and scores[0] != scores[1]
+    with pytest.raises(ValueError, match="question"):
+        reward(["p"], [good])
+
+
+def test_pairs_can_be_limited_to_one_split(world):
+    from conductor.pool import load_pool
+    from tasks.reward_model import build_reward_pairs
+
+    pool = load_pool(world["pool"])
+    every = build_reward_pairs.fn(world["request"], pool, "x")
+    only_test = build_reward_pairs.fn(
+        world["request"].model_copy(update={"split": "test"}), pool, "x"
+    )
+    assert len(every.train) + len(every.test) > 0
+    # The eval above ran the test split after training: those runs alone give the test pairs.
+    runs = ArtifactStore().read_pandas("runs")
+    test_questions = {
+        q
+        for q, t in zip(runs["question"], runs["tags"], strict=True)
+        if dict(t).get("split") == "test"
+    }
+    for pair in only_test.train + only_test.test:
+        assert pair["input"].splitlines()[0].removeprefix("Question: ") in test_questions

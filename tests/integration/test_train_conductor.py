@@ -280,8 +280,10 @@ def test_cli_bad_arguments_get_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2
     assert "batch_size (3) must be a multiple of num_generations (2)" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # No OrchRM trained in this home: one line naming what is missing and how to get it.
     proc = _cli("--orchrm-weight", "1", cwd=tmp_path)
-    assert proc.returncode == 2 and "OrchRM" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "models:/orchrm@champion" in proc.stderr and "conductor train-rm" in proc.stderr
 
 
 def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
