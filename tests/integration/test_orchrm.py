@@ -328,3 +328,50 @@ def test_pairs_can_be_limited_to_one_split(world):
     }
     for pair in only_test.train + only_test.test:
         assert pair["input"].splitlines()[0].removeprefix("Question: ") in test_questions
+
+
+def _cli(tmp_path: Path, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "CONDUCTOR_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("PREFECT_API_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_cli_train_rm_with_too_few_pairs_says_so_in_one_line_and_exits_0(tmp_path):
+    proc = _cli(tmp_path, "train-rm", "--min-pairs", "5")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "0 new pairs, fewer than --min-pairs 5: nothing trained"
+    proc = _cli(tmp_path, "train-rm", "--min-pairs", "5", "--json")
+    result = json.loads(proc.stdout)
+    assert result["trained"] is False and result["run_id"] is None
+
+
+def test_cli_best_of_n_without_a_reward_model_is_one_line_exit_2(tmp_path):
+    for args in (
+        ["eval", "--dataset", "arithmetic", "--limit", "1", "--strategy", "best-of-n:2"],
+        ["run", "What is 2 + 2?", "--best-of", "2", "--plan-only"],
+    ):
+        proc = _cli(tmp_path, *args)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "models:/orchrm@champion" in last and "conductor train-rm" in last
+    proc = _cli(tmp_path, "run", "What is 2 + 2?", "--plan-only")
+    assert proc.returncode == 2 and "--plan-only goes with --best-of N" in proc.stderr
+    proc = _cli(tmp_path, "eval", "--dataset", "arithmetic", "--strategy", "best-of-n:1")
+    assert proc.returncode == 2 and "N must be between 2 and 64" in proc.stderr

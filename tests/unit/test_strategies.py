@@ -7,7 +7,13 @@ import pytest
 from conductor.errors import ConductorError, PoolConfigError
 from conductor.plan import RawPlan, validate_plan
 from conductor.pool import load_pool, pool_from_dict
-from conductor.strategies import majority_vote, parse_strategy, random_plan, self_consistency_plan
+from conductor.strategies import (
+    majority_vote,
+    parse_strategy,
+    random_plan,
+    random_plan_seed,
+    self_consistency_plan,
+)
 from conductor.verify import answer_key
 
 POOL = pool_from_dict(
@@ -90,3 +96,45 @@ def test_with_sampling_only_touches_greedy_worker():
     assert hot.worker("smol").params["temperature"] == 0.7
     assert pool.worker("smol").params["temperature"] == 0.0  # the original is unchanged
     assert POOL.with_sampling("b", 0.9).worker("b").params["temperature"] == 0.3
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "n", "proposer"),
+    [
+        ("best-of-n:8", "best-of-n", 8, "conductor"),
+        ("best-of-n:4:random-plan", "best-of-n", 4, "random-plan"),
+        ("best-of-n-plan:8:conductor", "best-of-n-plan", 8, "conductor"),
+    ],
+)
+def test_best_of_n_strategies_parse_and_print_back(text, kind, n, proposer):
+    s = parse_strategy(text)
+    assert (s.kind, s.samples, s.proposer) == (kind, n, proposer)
+    assert s.best_of and s.uses_conductor
+    assert parse_strategy(str(s)) == s
+    assert str(s).startswith(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("best-of-n", "unknown strategy"),
+        ("best-of-n:x", "N must be an integer"),
+        ("best-of-n:1", "N must be between 2 and 64"),
+        ("best-of-n-plan:8:oracle", "unknown proposer 'oracle'"),
+    ],
+)
+def test_bad_best_of_n_strategies_are_named(text, message):
+    with pytest.raises(ConductorError, match=message):
+        parse_strategy(text)
+
+
+def test_random_plan_seed_matches_the_random_plan_strategy():
+    pool = load_pool()
+    a = random_plan(pool, random_plan_seed("q1", 3), "What is 1 + 1?")
+    b = random_plan(pool, random_plan_seed("q1", 3), "What is 1 + 1?")
+    assert a == b  # a proposal is reproducible from (question id, seed)
+    assert random_plan_seed("q1", 4) == random_plan_seed("q1", 3) + 1
+    assert random_plan_seed("q1", 0) != random_plan_seed("q2", 0)
+    # Seeds seed .. seed + N - 1 give different proposals (best-of-n's N candidates).
+    plans = {random_plan(pool, random_plan_seed("q1", s), "What is 1 + 1?") for s in range(8)}
+    assert len(plans) > 1
