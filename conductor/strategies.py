@@ -82,6 +82,18 @@ class Strategy:
         return self.kind in ("best-of-n", "best-of-n-plan")
 
 
+def _count(text: str, value: str, name: str, low: int, high: int = 64) -> int:
+    try:
+        k = int(value)
+    except ValueError:
+        raise ConductorError(
+            f"strategy {text!r}: {name} must be an integer, got {value!r}"
+        ) from None
+    if not low <= k <= high:
+        raise ConductorError(f"strategy {text!r}: {name} must be between {low} and {high}, got {k}")
+    return k
+
+
 def parse_strategy(text: str, pool: Pool | None = None) -> Strategy:
     """Parse ``conductor``, ``single:W``, ``self-consistency:W:K`` or ``random-plan``."""
     parts = text.strip().split(":")
@@ -95,24 +107,10 @@ def parse_strategy(text: str, pool: Pool | None = None) -> Strategy:
     elif head == "single" and len(parts) == 2 and parts[1]:
         strategy = Strategy(kind="single", worker=parts[1])
     elif head == "self-consistency" and len(parts) == 3 and parts[1]:
-        try:
-            k = int(parts[2])
-        except ValueError:
-            raise ConductorError(
-                f"strategy {text!r}: K must be an integer, got {parts[2]!r}"
-            ) from None
-        if not 1 <= k <= 64:
-            raise ConductorError(f"strategy {text!r}: K must be between 1 and 64, got {k}")
+        k = _count(text, parts[2], "K", 1)
         strategy = Strategy(kind="self-consistency", worker=parts[1], samples=k)
     elif head in ("best-of-n", "best-of-n-plan") and len(parts) in (2, 3):
-        try:
-            n = int(parts[1])
-        except ValueError:
-            raise ConductorError(
-                f"strategy {text!r}: N must be an integer, got {parts[1]!r}"
-            ) from None
-        if not 2 <= n <= 64:
-            raise ConductorError(f"strategy {text!r}: N must be between 2 and 64, got {n}")
+        n = _count(text, parts[1], "N", 2)
         proposer = parts[2] if len(parts) == 3 else "conductor"
         if proposer not in PROPOSERS:
             raise ConductorError(

@@ -67,6 +67,29 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _request(model: Any, **fields: Any) -> Any:
+    """The flow's request model, or one line naming the bad field (exit 2)."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
+
+
+def _call_long_flow(flow: Any, request: Any, result_type: type, what: str) -> Any:
+    """A long flow (eval, training): per-task logs off, stdout kept for the result."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # The trainers print their log lines and progress on stdout; stdout is for the result.
+    with contextlib.redirect_stdout(sys.stderr):
+        _, result = _call_flow(flow, request)
+    if not isinstance(result, result_type):
+        _fail(str(result).strip().splitlines()[0] if result else f"{what} crashed", code=1)
+    return result
+
+
 def _call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
     """Run a flow in this process; returns its final state and its result (or exception)."""
     from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
@@ -124,8 +147,6 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed of proposals and random plans.")] = 0,
 ) -> None:
     """Plan QUESTION with the conductor and run the plan as a Prefect flow."""
-    from pydantic import ValidationError
-
     from conductor.requests import OrchestrateRequest
     from conductor.strategies import parse_strategy
 
@@ -136,20 +157,17 @@ def run(
     elif plan_only:
         _fail("--plan-only goes with --best-of N")
     _check_rm(parse_strategy(strategy, p), rm)
-    try:
-        request = OrchestrateRequest(
-            question=question,
-            pool=str(pool) if pool else None,
-            on_invalid_plan=on_invalid_plan,  # type: ignore[arg-type]
-            max_steps=max_steps,
-            conductor=conductor,
-            strategy=strategy,
-            rm=rm,
-            seed=seed,
-        )
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+    request = _request(
+        OrchestrateRequest,
+        question=question,
+        pool=str(pool) if pool else None,
+        on_invalid_plan=on_invalid_plan,  # type: ignore[arg-type]
+        max_steps=max_steps,
+        conductor=conductor,
+        strategy=strategy,
+        rm=rm,
+        seed=seed,
+    )
     from flows.best_of_n import best_of_n
     from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
 
@@ -225,8 +243,6 @@ def eval_(
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a strategy on a dataset; every question is a run, the eval an MLflow run."""
-    from pydantic import ValidationError
-
     from conductor.datasets import load_dataset
     from conductor.requests import EvalRequest
     from conductor.strategies import parse_strategy
@@ -234,32 +250,24 @@ def eval_(
     p = _load_pool(pool, conductor)
     _check_rm(parse_strategy(strategy, p), rm)
     load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
-    try:
-        request = EvalRequest(
-            dataset=dataset,
-            split=split,
-            limit=limit,
-            strategy=strategy,
-            concurrency=concurrency,
-            samples=samples,
-            pool=str(pool) if pool else None,
-            seed=seed,
-            conductor=conductor,
-            rm=rm,
-        )
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+    request = _request(
+        EvalRequest,
+        dataset=dataset,
+        split=split,
+        limit=limit,
+        strategy=strategy,
+        concurrency=concurrency,
+        samples=samples,
+        pool=str(pool) if pool else None,
+        seed=seed,
+        conductor=conductor,
+        rm=rm,
+    )
+    from conductor.requests import EvalResult
     from flows.evaluate import evaluate
 
     # Per-question flow logs would bury the progress bar; warnings and errors still show.
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    _, result = _call_flow(evaluate, request)
-    from conductor.requests import EvalResult
-
-    if not isinstance(result, EvalResult):
-        _fail(str(result).strip().splitlines()[0] if result else "the eval crashed", code=1)
+    result = _call_long_flow(evaluate, request, EvalResult, "the eval")
     if as_json:
         print(result.model_dump_json())
         return
@@ -396,52 +404,41 @@ def train_conductor_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Train the conductor with GRPO (TRL + PEFT) on executed plans; register it in MLflow."""
-    from pydantic import ValidationError
-
     from conductor.datasets import load_dataset
     from conductor.training import TrainConductorRequest, TrainConductorResult
 
     _load_pool(pool)
     load_dataset(dataset, split="train", limit=1, seed=seed)  # a bad dataset fails here
-    try:
-        request = TrainConductorRequest(
-            dataset=dataset,
-            limit=limit,
-            eval_limit=eval_limit,
-            eval_before=not no_eval_before,
-            pool=str(pool) if pool else None,
-            base=base,
-            init_adapter=init_adapter,
-            warm_start=warm_start,
-            warm_start_epochs=warm_start_epochs,
-            max_steps=max_steps,
-            num_generations=num_generations,
-            batch_size=batch_size,
-            max_completion_length=max_completion_length,
-            learning_rate=learning_rate,
-            loss_type=loss_type,
-            orchrm_weight=orchrm_weight,
-            orchrm=orchrm,
-            token_penalty_weight=token_penalty,
-            promote=not no_promote,
-            seed=seed,
-        )
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
+    request = _request(
+        TrainConductorRequest,
+        dataset=dataset,
+        limit=limit,
+        eval_limit=eval_limit,
+        eval_before=not no_eval_before,
+        pool=str(pool) if pool else None,
+        base=base,
+        init_adapter=init_adapter,
+        warm_start=warm_start,
+        warm_start_epochs=warm_start_epochs,
+        max_steps=max_steps,
+        num_generations=num_generations,
+        batch_size=batch_size,
+        max_completion_length=max_completion_length,
+        learning_rate=learning_rate,
+        loss_type=loss_type,
+        orchrm_weight=orchrm_weight,
+        orchrm=orchrm,
+        token_penalty_weight=token_penalty,
+        promote=not no_promote,
+        seed=seed,
+    )
     if orchrm_weight:
         from reward_model.model import CHAMPION, load_reward_model
 
         load_reward_model(orchrm or CHAMPION)  # a missing reward model fails here, in one line
     from flows.train_conductor import train_conductor
 
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # The trainers print their log lines and progress on stdout; stdout is for the result.
-    with contextlib.redirect_stdout(sys.stderr):
-        _, result = _call_flow(train_conductor, request)
-    if not isinstance(result, TrainConductorResult):
-        _fail(str(result).strip().splitlines()[0] if result else "training crashed", code=1)
+    result = _call_long_flow(train_conductor, request, TrainConductorResult, "training")
     if as_json:
         print(result.model_dump_json(exclude={"adapter_dir", "model_version"}))
         return
@@ -475,36 +472,27 @@ def train_rm_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Train OrchRM (a Bradley-Terry reward model) on pairs from the stored runs."""
-    from pydantic import ValidationError
 
     from reward_model.model import RewardModelRequest, RewardModelResult
 
     _load_pool(pool)
-    try:
-        request = RewardModelRequest(
-            since=since,
-            split=split,
-            min_pairs=min_pairs,
-            max_steps=max_steps,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            base=base,
-            max_tokens=max_tokens,
-            promote=not no_promote,
-            seed=seed,
-            pool=str(pool) if pool else None,
-        )
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
+    request = _request(
+        RewardModelRequest,
+        since=since,
+        split=split,
+        min_pairs=min_pairs,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        base=base,
+        max_tokens=max_tokens,
+        promote=not no_promote,
+        seed=seed,
+        pool=str(pool) if pool else None,
+    )
     from flows.train_reward_model import train_reward_model
 
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    with contextlib.redirect_stdout(sys.stderr):  # the trainer's log lines are not the result
-        _, result = _call_flow(train_reward_model, request)
-    if not isinstance(result, RewardModelResult):
-        _fail(str(result).strip().splitlines()[0] if result else "training crashed", code=1)
+    result = _call_long_flow(train_reward_model, request, RewardModelResult, "training")
     if as_json:
         print(json.dumps(result.model_dump(mode="json")))
         return

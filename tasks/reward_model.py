@@ -36,7 +36,7 @@ from reward_model.pairs import (
     build_pairs,
     pairs_table,
 )
-from tasks.tracking import mlflow_experiment, tracking_uri
+from tasks.tracking import mlflow_experiment, register_version, tracking_uri
 from tasks.training import use_all_cores
 
 if TYPE_CHECKING:
@@ -325,22 +325,9 @@ def register_reward_model(
     """Register as ``orchrm`` (alias ``candidate``); ``champion`` only if it beats the
     champion's accuracy on the same held-out pairs (measured in this run). A model without a
     measured accuracy is never promoted."""
-    from mlflow.exceptions import MlflowException
-
     client = _mlflow().MlflowClient()
-    client.log_artifacts(run_id, str(model_dir), artifact_path="orchrm")
-    run = client.get_run(run_id)
-    try:
-        client.get_registered_model(MODEL_NAME)
-    except MlflowException:
-        client.create_registered_model(MODEL_NAME)
-    version = client.create_model_version(
-        MODEL_NAME,
-        source=f"{run.info.artifact_uri}/orchrm",
-        run_id=run_id,
-        tags={"pairwise_accuracy": "" if accuracy is None else f"{accuracy:.6f}"},
-    )
-    client.set_registered_model_alias(MODEL_NAME, "candidate", version.version)
+    tags = {"pairwise_accuracy": "" if accuracy is None else f"{accuracy:.6f}"}
+    version = register_version(client, run_id, model_dir, MODEL_NAME, "orchrm", tags)
     promoted = (
         promote
         and accuracy is not None

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from conductor.home import conductor_home, mlflow_tracking_uri
 
-__all__ = ["tracking_uri", "log_eval", "mlflow_experiment"]
+__all__ = ["tracking_uri", "log_eval", "mlflow_experiment", "register_version"]
 
 
 def tracking_uri() -> str:
@@ -63,3 +63,23 @@ def log_eval(
                 data={k: [r.get(k) for r in rows] for k in rows[0]}, artifact_file="results.json"
             )
         return run.info.run_id
+
+
+def register_version(
+    client: Any, run_id: str, directory: Any, name: str, artifact_path: str, tags: dict[str, str]
+) -> Any:
+    """Log ``directory`` under the run and register it as a new version of model ``name``
+    (created if missing), alias ``candidate``. Returns the model version."""
+    from mlflow.exceptions import MlflowException
+
+    client.log_artifacts(run_id, str(directory), artifact_path=artifact_path)
+    run = client.get_run(run_id)
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name)
+    version = client.create_model_version(
+        name, source=f"{run.info.artifact_uri}/{artifact_path}", run_id=run_id, tags=tags
+    )
+    client.set_registered_model_alias(name, "candidate", version.version)
+    return version

@@ -31,7 +31,7 @@ from conductor.training import (
     sft_config,
     should_promote,
 )
-from tasks.tracking import mlflow_experiment, tracking_uri
+from tasks.tracking import mlflow_experiment, register_version, tracking_uri
 
 __all__ = [
     "EXPERIMENT",
@@ -297,26 +297,18 @@ def register_conductor(
     ``champion_accuracy`` is the champion's accuracy measured in this training run, for a
     champion whose recorded accuracy was on other questions (``signature`` differs).
     """
-    mlflow = _mlflow()
-    client = mlflow.MlflowClient()
-    client.log_artifacts(run_id, str(adapter_dir), artifact_path="adapter")
-    run = client.get_run(run_id)
-    from mlflow.exceptions import MlflowException
-
-    try:
-        client.get_registered_model(MODEL_NAME)
-    except MlflowException:
-        client.create_registered_model(MODEL_NAME)
+    client = _mlflow().MlflowClient()
     exists, recorded = _champion_accuracy(client, signature)
     if champion_accuracy is None:
         champion_accuracy = recorded
-    version = client.create_model_version(
+    version = register_version(
+        client,
+        run_id,
+        adapter_dir,
         MODEL_NAME,
-        source=f"{run.info.artifact_uri}/adapter",
-        run_id=run_id,
-        tags={"heldout": signature, "heldout_accuracy": f"{accuracy:.6f}"},
+        "adapter",
+        {"heldout": signature, "heldout_accuracy": f"{accuracy:.6f}"},
     )
-    client.set_registered_model_alias(MODEL_NAME, "candidate", version.version)
     promoted = promote and should_promote(accuracy, champion_accuracy if exists else None)
     if exists and champion_accuracy is None:
         promoted = False  # never promote over a champion we could not compare against
