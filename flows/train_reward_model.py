@@ -80,7 +80,7 @@ def train_reward_model(request: RewardModelRequest) -> RewardModelResult:
     status, metrics = "FAILED", {}
     try:
         store_pairs(built, request.artifacts)
-        output_dir = Path(request.output_dir or conductor_home() / "training" / run_id)
+        output_dir = Path(request.output_dir or conductor_home() / "training" / run_id).resolve()
         model_dir, train_metrics = train_on_pairs(request, built.train, output_dir, run_id)
         metrics.update(train_metrics)
         accuracy = evaluate_reward_model(str(model_dir), built.test, request.seed)

@@ -257,9 +257,18 @@ class OrchRM:
         plans: Sequence[PlanLike],
         step_outputs: Sequence[StepOutputs | None] | None = None,
         *,
-        pool_description: str,
+        pool_description: str | None = None,
     ) -> list[float]:
-        """One score per plan (higher is better); ``step_outputs[i]`` adds plan i's outputs."""
+        """One score per plan (higher is better); ``step_outputs[i]`` adds plan i's outputs.
+
+        ``pool_description`` is :func:`conductor.prompts.describe_workers` of the pool the
+        plans are for; default the embedded local pool's.
+        """
+        if pool_description is None:
+            from conductor.pool import load_pool
+            from conductor.prompts import describe_workers
+
+            pool_description = describe_workers(load_pool())
         outputs = list(step_outputs) if step_outputs is not None else [None] * len(plans)
         if len(outputs) != len(plans):
             raise RewardModelError(

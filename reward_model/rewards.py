@@ -17,7 +17,7 @@ from conductor.prompts import describe_workers
 from conductor.rewards import completion_text
 from reward_model.model import load_reward_model
 
-__all__ = ["OrchRMReward"]
+__all__ = ["OrchRMReward", "orchrm_reward"]
 
 
 class OrchRMReward:
@@ -48,3 +48,20 @@ class OrchRMReward:
             plan = self._plan(completion_text(completion))
             scores.extend(self._model.score(question, [plan], pool_description=workers))
         return scores
+
+
+_DEFAULT: OrchRMReward | None = None
+
+
+def orchrm_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """The champion OrchRM on the embedded local pool, as a plain TRL reward function.
+
+    Loaded on first call; for another model or pool, use ``OrchRMReward(rm, pool)``.
+    """
+    global _DEFAULT
+    if _DEFAULT is None:
+        from conductor.pool import load_pool
+        from reward_model.model import CHAMPION
+
+        _DEFAULT = OrchRMReward(CHAMPION, load_pool())
+    return _DEFAULT(prompts, completions, **kwargs)

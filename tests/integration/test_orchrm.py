@@ -375,3 +375,16 @@ def test_cli_best_of_n_without_a_reward_model_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2 and "--plan-only goes with --best-of N" in proc.stderr
     proc = _cli(tmp_path, "eval", "--dataset", "arithmetic", "--strategy", "best-of-n:1")
     assert proc.returncode == 2 and "N must be between 2 and 64" in proc.stderr
+
+
+def test_orchrm_reward_function_uses_the_champion(world):
+    from conductor.pool import load_pool
+    from conductor.prompts import describe_workers
+    from reward_model.rewards import orchrm_reward
+
+    (score,) = orchrm_reward(["p"], ["no plan at all"], question=["What is 2 + 3?"])
+    rm = load_reward_model(world["trained"].model_dir)  # the champion of this home
+    expected = rm.score(
+        "What is 2 + 3?", ["no plan at all"], pool_description=describe_workers(load_pool())
+    )
+    assert score == pytest.approx(expected[0])
