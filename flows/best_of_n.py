@@ -76,6 +76,8 @@ def _finished(state: State, what: str) -> RunResult:
     result = state.result(raise_on_failure=False)
     if isinstance(result, RunResult):
         return result
+    if isinstance(result, BaseException):
+        raise result  # as is, so the retry condition sees a Prefect API 5xx for what it is
     raise RuntimeError(f"{what}: {result}")
 
 
