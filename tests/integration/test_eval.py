@@ -140,7 +140,7 @@ def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatc
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
 
-    import flows.evaluate as ev
+    import flows.best_of_n as ev  # run_question lives there and calls orchestrate
 
     data, pool, tmp_path = setup
     real = ev.orchestrate
@@ -165,7 +165,7 @@ def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatc
 
 
 def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypatch):
-    import flows.evaluate as ev
+    import flows.best_of_n as ev
 
     data, pool, tmp_path = setup
     calls: list[str] = []
