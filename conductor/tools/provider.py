@@ -59,15 +59,18 @@ def answer_calculator(messages: list[dict[str, Any]], timeout_s: float | None = 
     """Evaluate the expression of the subtask, or of the latest earlier message with one."""
     last = _last_user(messages)
     order = [messages[last]] + [messages[i] for i in range(len(messages) - 1, -1, -1) if i != last]
-    texts = [_text(m) for m in order]
-    for require_operator in (True, False):
-        for text in texts:
-            try:
-                expression = extract_expression(text, require_operator=require_operator)
-            except ToolError:
-                continue
-            return evaluate(expression)
-    raise ToolError("calculator: no arithmetic expression in the instruction")
+    # An expression needs an operator or a function call: a bare number found in prose ("A
+    # shop sells 41 stickers ...") is not an answer, so the step fails instead of echoing it.
+    for text in (_text(m) for m in order):
+        try:
+            expression = extract_expression(text, require_operator=True)
+        except ToolError:
+            continue
+        return evaluate(expression)
+    raise ToolError(
+        "calculator: no arithmetic expression in the instruction (numbers joined by operators, "
+        "such as '6 * 7', are needed; prose with numbers is not an expression)"
+    )
 
 
 def answer_python(messages: list[dict[str, Any]], timeout_s: float | None = None) -> str:

@@ -327,6 +327,47 @@ def test_calculator_reads_earlier_answer(tools: None) -> None:
     assert run_tool("tool/calculator", messages) == "42"
 
 
+WORD_PROBLEM = (
+    "A shop sells 41 stickers on Monday. Each sticker costs 5 dollars. "
+    "How many dollars did the shop take in?"
+)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        _ask(WORD_PROBLEM),
+        _ask("What is 7?"),
+        [  # an earlier answer that is only a number is not an expression either
+            {"role": "user", "content": WORD_PROBLEM},
+            {"role": "assistant", "content": "The answer is 205."},
+            {"role": "user", "content": "Give the final answer."},
+        ],
+    ],
+    ids=["word-problem", "bare-number", "earlier-bare-number"],
+)
+def test_calculator_fails_on_prose_instead_of_echoing_a_number(
+    tools: None, messages: list[dict[str, str]]
+) -> None:
+    with pytest.raises(ToolError, match="no arithmetic expression") as info:
+        run_tool("tool/calculator", messages)
+    assert "41" not in str(info.value) and "prose" in str(info.value)
+
+
+def test_a_failing_calculator_is_a_failed_worker_call(tools: None) -> None:
+    worker = WorkerSpec(name="calculator", kind="tool", model="tool/calculator")
+    with pytest.raises(WorkerError, match="no arithmetic expression") as info:
+        complete(worker, _ask(WORD_PROBLEM))
+    assert info.value.retryable is False
+
+
+def test_python_fails_on_prose_instead_of_answering(tools: None) -> None:
+    with pytest.raises(ToolError, match="no code"):
+        run_tool("tool/python", _ask(WORD_PROBLEM))
+    with pytest.raises(ToolError, match="no code"):
+        run_tool("tool/python", _ask("Run"))
+
+
 def test_python_runs_code_from_earlier_answer(tools: None) -> None:
     messages = [
         {"role": "user", "content": "Write code that prints 6 * 7."},
