@@ -1,15 +1,26 @@
-"""Where the product keeps its state: ``$CONDUCTOR_HOME`` (default ``./.conductor``)."""
+"""Where the product keeps its state: ``$CONDUCTOR_HOME`` (default ``./.conductor``).
+
+The home is resolved to an absolute path when it is read, so every path below it stays
+valid whatever directory a later step (a Prefect task, MLflow) runs in.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["conductor_home", "artifacts_location", "mlflow_tracking_uri", "models_dir"]
+__all__ = [
+    "artifacts_location",
+    "conductor_home",
+    "mlflow_artifacts_dir",
+    "mlflow_tracking_uri",
+    "models_dir",
+]
 
 
 def conductor_home() -> Path:
-    return Path(os.environ.get("CONDUCTOR_HOME") or ".conductor").expanduser()
+    """``$CONDUCTOR_HOME``, else ``./.conductor``: absolute, ``~`` expanded."""
+    return Path(os.environ.get("CONDUCTOR_HOME") or ".conductor").expanduser().absolute()
 
 
 def artifacts_location() -> str:
@@ -20,7 +31,7 @@ def artifacts_location() -> str:
     explicit = os.environ.get("CONDUCTOR_ARTIFACTS")
     if explicit:
         return explicit
-    return str((conductor_home() / "artifacts").absolute())
+    return str(conductor_home() / "artifacts")
 
 
 def models_dir() -> Path:
@@ -33,6 +44,11 @@ def mlflow_tracking_uri() -> str:
     explicit = os.environ.get("MLFLOW_TRACKING_URI")
     if explicit:
         return explicit
-    home = conductor_home().absolute()
+    home = conductor_home()
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def mlflow_artifacts_dir() -> Path:
+    """Artifacts of MLflow runs tracked in a local store (not a tracking server)."""
+    return conductor_home() / "mlartifacts"

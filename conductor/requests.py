@@ -6,11 +6,29 @@ renders it as a form; ``RunResult`` is what the flow returns and ``conductor run
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-__all__ = ["EvalRequest", "EvalResult", "OrchestrateRequest", "RunResult"]
+from conductor.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+
+__all__ = ["EvalRequest", "EvalResult", "OrchestrateRequest", "RunResult", "StrategyText"]
+
+# The pattern and examples land in the flows' parameter schema, so the Prefect deployment
+# form shows the allowed strategies and rejects any other before a run starts.
+StrategyText = Annotated[str, StringConstraints(strip_whitespace=True, pattern=STRATEGY_PATTERN)]
+
+
+def _strategy_field() -> Any:
+    return Field(
+        default="conductor",
+        description="One of: conductor (the conductor writes the plan); single:WORKER (one "
+        "step on one worker); self-consistency:WORKER:K (K samples of one worker, majority "
+        "vote; K 1-64); random-plan (a random valid plan); best-of-n:N[:PROPOSER] (N plans "
+        "run, OrchRM picks one; N 2-64); best-of-n-plan:N[:PROPOSER] (OrchRM picks one of N "
+        "plans before running it). PROPOSER: conductor (default) or random-plan.",
+        examples=list(STRATEGY_EXAMPLES),
+    )
 
 
 class OrchestrateRequest(BaseModel):
@@ -29,12 +47,7 @@ class OrchestrateRequest(BaseModel):
     max_steps: int | None = Field(
         default=None, ge=1, le=128, description="Overrides the pool's max_steps."
     )
-    strategy: str = Field(
-        default="conductor",
-        description="conductor, single:WORKER, self-consistency:WORKER:K, random-plan, "
-        "best-of-n:N[:PROPOSER] or best-of-n-plan:N[:PROPOSER] (PROPOSER: conductor or "
-        "random-plan).",
-    )
+    strategy: StrategyText = _strategy_field()
     seed: int = Field(default=0, description="Seed of the random-plan strategy.")
     question_id: str | None = Field(default=None, description="Stable id, e.g. from a dataset.")
     reference: str | None = Field(
@@ -114,12 +127,7 @@ class EvalRequest(BaseModel):
     dataset: str = Field(description="arithmetic, humaneval, or a JSONL/Parquet/CSV file.")
     split: str = Field(default="test", description="Dataset split.")
     limit: int | None = Field(default=None, ge=1, description="First N questions only.")
-    strategy: str = Field(
-        default="conductor",
-        description="conductor, single:WORKER, self-consistency:WORKER:K, random-plan, "
-        "best-of-n:N[:PROPOSER] or best-of-n-plan:N[:PROPOSER] (PROPOSER: conductor or "
-        "random-plan).",
-    )
+    strategy: StrategyText = _strategy_field()
     samples: int = Field(
         default=1,
         ge=1,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from conductor.workflow import Step, Workflow
 
 __all__ = [
     "SELF_CONSISTENCY_TEMPERATURE",
+    "STRATEGY_EXAMPLES",
+    "STRATEGY_PATTERN",
     "Strategy",
     "parse_strategy",
     "PROPOSERS",
@@ -53,6 +56,26 @@ _RANDOM_SUBTASKS = (
     "Check the work above for mistakes and correct them.",
     "Answer the question directly and briefly.",
     "Summarise the work above and state the final answer.",
+)
+
+
+# Every text ``parse_strategy`` accepts, as one regular expression: the JSON-schema
+# ``pattern`` of the request models, so the Prefect deployment form rejects a bad strategy
+# before a run starts. WORKER: a pool worker name without ``:``; K in 1..64, N in 2..64.
+_WORKER = r"[A-Za-z0-9_.-]+"
+_K = r"0*(?:[1-9]|[1-5][0-9]|6[0-4])"
+_N = r"0*(?:[2-9]|[1-5][0-9]|6[0-4])"
+STRATEGY_PATTERN = (
+    rf"^(?:conductor|random-plan|single:{_WORKER}|self-consistency:{_WORKER}:{_K}"
+    rf"|best-of-n(?:-plan)?:{_N}(?::(?:conductor|random-plan))?)$"
+)
+STRATEGY_EXAMPLES = (
+    "conductor",
+    "single:calculator",
+    "self-consistency:smol:5",
+    "random-plan",
+    "best-of-n:4",
+    "best-of-n-plan:8:random-plan",
 )
 
 
@@ -83,19 +106,16 @@ class Strategy:
 
 
 def _count(text: str, value: str, name: str, low: int, high: int = 64) -> int:
-    try:
-        k = int(value)
-    except ValueError:
-        raise ConductorError(
-            f"strategy {text!r}: {name} must be an integer, got {value!r}"
-        ) from None
+    if not (value.isascii() and value.isdigit()):
+        raise ConductorError(f"strategy {text!r}: {name} must be an integer, got {value!r}")
+    k = int(value)
     if not low <= k <= high:
         raise ConductorError(f"strategy {text!r}: {name} must be between {low} and {high}, got {k}")
     return k
 
 
 def parse_strategy(text: str, pool: Pool | None = None) -> Strategy:
-    """Parse ``conductor``, ``single:W``, ``self-consistency:W:K`` or ``random-plan``."""
+    """Parse a strategy (see the module docstring); the text matches ``STRATEGY_PATTERN``."""
     parts = text.strip().split(":")
     head = parts[0]
     usage = (
@@ -119,6 +139,8 @@ def parse_strategy(text: str, pool: Pool | None = None) -> Strategy:
             )
         strategy = Strategy(kind=head, samples=n, proposer=proposer)  # type: ignore[arg-type]
     else:
+        raise ConductorError(f"unknown strategy {text!r}: {usage}")
+    if not re.fullmatch(STRATEGY_PATTERN, text.strip()):  # e.g. a worker name with a space
         raise ConductorError(f"unknown strategy {text!r}: {usage}")
     if pool is not None and strategy.worker is not None:
         pool.worker(strategy.worker)  # raises, naming the known workers

@@ -61,15 +61,3 @@ class Workflow(BaseModel):
             "subtasks": [s.instruction for s in self.steps],
             "access_list": [list(s.access) for s in self.steps],
         }
-
-    def mermaid(self) -> str:
-        """Mermaid source of the DAG, for the plan artifact in the Prefect UI."""
-        lines = ["flowchart TD"]
-        for s in self.steps:
-            label = s.instruction.replace('"', "'").replace("\n", " ")
-            if len(label) > 60:
-                label = label[:57] + "..."
-            lines.append(f'    s{s.index}["step {s.index} · {s.worker}<br/>{label}"]')
-        for s in self.steps:
-            lines.extend(f"    s{j} --> s{s.index}" for j in s.access)
-        return "\n".join(lines)

@@ -160,7 +160,7 @@ def _baselines(results: list[RunResult], kind: str, qid: str, seed: int) -> dict
 
 @flow(
     name="best-of-n",
-    flow_run_name="best-of-n · {request.strategy}",
+    flow_run_name="best-of-n ({request.strategy})",
     task_runner=ThreadPoolTaskRunner(64),
     log_prints=False,
 )

@@ -17,15 +17,26 @@ from typing import Annotated, Any, Optional
 import typer
 
 from conductor.errors import ConductorError, PlanError
+from flows.cli_help import ConductorCommand, ConductorGroup
+from flows.quiet import (
+    hide_deprecation_warnings,
+    progress_bars_off,
+    quiet_prefect_shutdown,
+    quiet_third_party_notices,
+    silence_stderr_at_exit,
+)
 
 app = typer.Typer(
+    cls=ConductorGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Learned LLM orchestration on Prefect: a conductor plans, workers run the steps.",
 )
 artifacts_app = typer.Typer(
-    help="Inspect and maintain the Parquet artifact store.", invoke_without_command=True
+    cls=ConductorGroup,
+    help="Inspect and maintain the Parquet artifact store.",
+    invoke_without_command=True,
 )
 app.add_typer(artifacts_app, name="artifacts")
 
@@ -39,6 +50,7 @@ ConductorOpt = Annotated[
     typer.Option(
         "--conductor",
         "-c",
+        metavar="REF",
         help="A trained conductor instead of the pool's: an adapter directory, "
         "models:/conductor@champion, or embedded.",
     ),
@@ -48,7 +60,9 @@ ConductorOpt = Annotated[
 RmOpt = Annotated[
     Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
     typer.Option(
-        "--rm", help="OrchRM of best-of-n: a directory or models:/orchrm@champion (default)."
+        "--rm",
+        metavar="REF",
+        help="OrchRM of best-of-n: a directory or models:/orchrm@champion (default).",
     ),
 ]
 
@@ -92,7 +106,6 @@ def _call_long_flow(flow: Any, request: Any, result_type: type, what: str) -> An
 
 def _call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
     """Run a flow in this process; returns its final state and its result (or exception)."""
-    from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
     from flows.runtime import local_run_settings, wait_until_recorded
 
     with quiet_prefect_shutdown(), local_run_settings():
@@ -122,7 +135,7 @@ def _print_plan(workflow: Any, pool: Any, stream: Any = None) -> None:
         print(f"  step {s.index} · {s.worker:<12} reads [{reads}]  {s.instruction}", file=out)
 
 
-@app.command()
+@app.command(cls=ConductorCommand)
 def run(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
     pool: PoolOpt = None,
@@ -168,10 +181,7 @@ def run(
         rm=rm,
         seed=seed,
     )
-    from flows.best_of_n import best_of_n
-    from flows.orchestrate import orchestrate  # imports Prefect, which sets up its log handlers
-
-    state, result = _call_flow(best_of_n if best_of is not None else orchestrate, request)
+    state, result = _call_flow(_run_flow(best_of is not None), request)
     from conductor.requests import RunResult
 
     if not isinstance(result, RunResult):
@@ -214,7 +224,19 @@ def run(
         _fail(result.reason or "the run failed", code=1)
 
 
-@app.command("eval")
+def _run_flow(best_of: bool) -> Any:
+    """The flow of ``run``: OrchRM's modules load only for best-of-N (cold start, issue #10).
+    Importing a flow imports Prefect, which sets up its log handlers."""
+    if best_of:
+        from flows.best_of_n import best_of_n
+
+        return best_of_n
+    from flows.orchestrate import orchestrate
+
+    return orchestrate
+
+
+@app.command("eval", cls=ConductorCommand)
 def eval_(
     dataset: Annotated[
         str, typer.Option(help="arithmetic, humaneval, or a JSONL/Parquet/CSV file.")
@@ -314,7 +336,7 @@ def eval_(
     )
 
 
-@app.command()
+@app.command(cls=ConductorCommand)
 def plan(
     question: Annotated[str, typer.Argument(help="The question to plan for.")],
     pool: PoolOpt = None,
@@ -339,7 +361,7 @@ def plan(
         _print_plan(workflow, p)
 
 
-@app.command()
+@app.command(cls=ConductorCommand)
 def validate(
     file: Annotated[str, typer.Argument(help="Raw conductor output; '-' reads stdin.")],
     pool: PoolOpt = None,
@@ -360,7 +382,7 @@ def validate(
     print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
 
 
-@app.command("train-conductor")
+@app.command("train-conductor", cls=ConductorCommand)
 def train_conductor_cmd(
     dataset: Annotated[
         str, typer.Option(help="Training questions: arithmetic, or a JSONL/Parquet/CSV file.")
@@ -446,7 +468,7 @@ def train_conductor_cmd(
         print(f"{key:<22} {value}")
 
 
-@app.command("train-rm")
+@app.command("train-rm", cls=ConductorCommand)
 def train_rm_cmd(
     since: Annotated[
         Optional[str],  # noqa: UP045
@@ -533,11 +555,21 @@ def artifacts(
     if as_json:
         print(json.dumps(data))
         return
-    for key, value in data.items():
-        print(f"{key:<14} {value}")
+    cost = "n/a" if s.cost_usd is None else f"${s.cost_usd:.6f}"
+    lines = {
+        "location": store.root,
+        "runs": f"{s.runs:,} ({s.failed_runs:,} failed)",
+        "steps": f"{s.steps:,} ({s.failed_steps:,} failed, {s.skipped_steps:,} skipped)",
+        "tokens": f"{s.input_tokens:,} in / {s.output_tokens:,} out",
+        "cost": cost,
+        "files": ", ".join(f"{n:,} {table}" for table, n in s.files.items()) or "none",
+    }
+    width = max(map(len, lines)) + 2
+    for key, value in lines.items():
+        print(f"{key + ':':<{width}}{value}")
 
 
-@artifacts_app.command()
+@artifacts_app.command(cls=ConductorCommand)
 def compact(as_json: JsonOpt = False) -> None:
     """Merge the small Parquet files of each table into one (safe for concurrent readers)."""
     from conductor.store import ArtifactStore
@@ -567,7 +599,10 @@ def main() -> None:
     # server must not try to phone home from an offline machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    quiet_third_party_notices()
+    hide_deprecation_warnings()
+    if not sys.stderr.isatty():
+        progress_bars_off()
     logging.captureWarnings(True)
     ours = logging.getLogger("conductor")
     if not ours.handlers:

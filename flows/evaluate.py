@@ -5,16 +5,20 @@ the artifact store, tagged with the eval id and strategy), at most ``concurrency
 The eval as a whole is one MLflow run in experiment ``eval/<dataset>``, so the paper's
 comparisons (conductor, single worker, self-consistency, random plan; arXiv 2512.04388 §5)
 sit side by side in the MLflow UI.
+
+In the Prefect UI an eval is the run ``eval · <dataset> · <strategy>``: its ``eval-progress``
+artifact moves as runs finish (a tqdm bar too, only when stderr is a terminal), its
+``eval-summary`` table holds the metrics, and its result (persisted) is the ``EvalResult``.
 """
 
 from __future__ import annotations
 
-import sys
+import queue
 import threading
 import time
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -24,6 +28,8 @@ from conductor.pool import load_pool
 from conductor.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
 from conductor.strategies import parse_strategy
 from flows.best_of_n import run_question
+from flows.runtime import result_storage
+from tasks.artifacts import EvalProgress, publish_eval_summary
 from tasks.tracking import log_eval
 
 __all__ = ["evaluate", "run_question"]
@@ -85,10 +91,42 @@ def _mean(values: list[float | int | None]) -> float | None:
     return sum(known) / len(known)
 
 
-@flow(name="evaluate", task_runner=ThreadPoolTaskRunner(64), log_prints=False)
+def _dataset_name(dataset: str) -> str:
+    """``arithmetic`` for a built-in dataset, the file's stem for a file."""
+    return Path(dataset).stem if Path(dataset).suffix else dataset
+
+
+def _run_name() -> str:
+    """``eval · arithmetic · single:calculator``."""
+    req = (flow_run.parameters or {}).get("request") or {}
+    if isinstance(req, EvalRequest):
+        dataset, strategy = req.dataset, req.strategy
+    else:
+        dataset, strategy = str(req.get("dataset", "")), str(req.get("strategy", "conductor"))
+    return f"eval · {_dataset_name(dataset)} · {strategy}"
+
+
+def _drain(finished: queue.SimpleQueue[None]) -> int:
+    n = 0
+    while not finished.empty():
+        finished.get_nowait()
+        n += 1
+    return n
+
+
+@flow(
+    name="evaluate",
+    flow_run_name=_run_name,
+    task_runner=ThreadPoolTaskRunner(64),
+    log_prints=False,
+    persist_result=True,
+    result_storage=result_storage(),
+    result_serializer="json",
+)
 def evaluate(request: EvalRequest) -> EvalResult:
     """Run ``request.strategy`` on every question of the dataset; track it in MLflow."""
     started = time.perf_counter()
+    started_at = time.time()  # the MLflow run spans the eval's real start and end
     pool = load_pool(request.pool)
     strategy = str(parse_strategy(request.strategy, pool))
     examples = load_dataset(
@@ -96,22 +134,27 @@ def evaluate(request: EvalRequest) -> EvalResult:
     )
     eval_id = str(flow_run.id or time.time_ns())
 
-    from tqdm import tqdm  # a progress bar on stderr, also readable in worker logs
-
+    # At most ``concurrency`` questions at once. Each finished run releases the gate and
+    # posts to ``finished``; this thread alone moves the progress artifact (API calls).
     gate = threading.Semaphore(request.concurrency)
+    finished: queue.SimpleQueue[None] = queue.SimpleQueue()
     jobs = [(ex, k) for ex in examples for k in range(request.samples)]
-    bar = tqdm(total=len(jobs), file=sys.stderr, desc=f"eval {strategy}", unit="run")
+    progress = EvalProgress(len(jobs), f"eval {strategy}")
     futures = []
     for ex, k in jobs:
         gate.acquire()
+        progress.advance(_drain(finished))
         future = run_question.submit(_request(ex, request, eval_id, strategy, k))
-        future.add_done_callback(lambda _f: (gate.release(), bar.update(1)))
+        future.add_done_callback(lambda _f: (finished.put(None), gate.release()))
         futures.append(future)
+    while progress.done < len(jobs):
+        finished.get()
+        progress.advance(1 + _drain(finished))
+    progress.close()
     results: list[RunResult | None] = []
     for future in futures:
         outcome = future.result(raise_on_failure=False)
         results.append(outcome if isinstance(outcome, RunResult) else None)
-    bar.close()
 
     rows = []
     for (ex, k), r in zip(jobs, results, strict=True):
@@ -154,8 +197,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
     if pass_at_k is not None:
         metrics[f"pass_at_{request.samples}"] = pass_at_k
     metrics["wall_s"] = time.perf_counter() - started
-    dataset_name = Path(request.dataset).stem if Path(request.dataset).suffix else request.dataset
-    experiment = request.experiment or f"eval/{dataset_name}"
+    experiment = request.experiment or f"eval/{_dataset_name(request.dataset)}"
     mlflow_run_id = log_eval(
         experiment,
         request.run_name or strategy,
@@ -174,8 +216,10 @@ def evaluate(request: EvalRequest) -> EvalResult:
         metrics=metrics,
         rows=rows,
         tags={"eval_id": eval_id, **request.mlflow_tags},
+        started_at=started_at,
+        ended_at=time.time(),
     )
-    return EvalResult(
+    result = EvalResult(
         eval_id=eval_id,
         dataset=request.dataset,
         split=request.split,
@@ -197,3 +241,9 @@ def evaluate(request: EvalRequest) -> EvalResult:
         mlflow_run_id=mlflow_run_id,
         artifacts=request.artifacts or artifacts_location(),
     )
+    publish_eval_summary(result)
+    get_run_logger().info(
+        f"{strategy} on {request.dataset}: accuracy {result.accuracy:.1%} "
+        f"({result.correct}/{result.n}), {result.failed} failed; MLflow run {mlflow_run_id}"
+    )
+    return result

@@ -1,6 +1,6 @@
 """The ``orchestrate`` flow: question -> conductor plan -> dynamic DAG of step tasks -> artifacts.
 
-Compilation (issue #2): one task run per step, named ``step-{i} · {worker}``. A step's
+Compilation (issue #2): one task run per step, named ``step-{i} {worker}``. A step's
 upstream futures are its parameters, so it starts as soon as every step in its access list
 has finished and independent steps overlap in the thread pool. A failed step's dependents
 never run: Prefect leaves them not-ready and we record them as ``skipped``. The paper runs
@@ -48,7 +48,8 @@ from conductor.strategies import (
 )
 from conductor.verify import answer_key
 from conductor.workflow import Step, Workflow
-from tasks.artifacts import publish_plan, publish_steps, save_run
+from flows.runtime import result_storage
+from tasks.artifacts import publish_answer, publish_plan, publish_steps, save_run
 from tasks.planning import write_nested_plan, write_plan
 from tasks.verify import verify_answer
 from tasks.workers import StepOutcome, step_run_name, step_task_for
@@ -57,6 +58,7 @@ __all__ = ["orchestrate", "conductor_round"]
 
 # Enough threads for the widest layer we expect; I/O-bound worker calls mostly wait.
 TASK_RUNNER_WORKERS = 64
+ANSWER_LOG_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,7 @@ def conductor_step(
 
 @flow(
     name="conductor-round",
-    flow_run_name="nested plan · depth {depth}",
+    flow_run_name="nested plan (depth {depth})",
     task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
 )
 def conductor_round(
@@ -343,11 +345,29 @@ def _answer(execution: _Execution, strategy: Strategy, kind: str) -> str | None:
     return majority_vote(outputs, lambda text: answer_key(kind, text))
 
 
+def _log_answer(result: RunResult) -> None:
+    """One ``answer: …`` line (whitespace collapsed, cut at ``ANSWER_LOG_LIMIT``), plus the
+    verdict or the reason; the full answer is the run's result and its artifact."""
+    answer = " ".join((result.answer or "").split()) or "(none)"
+    if len(answer) > ANSWER_LOG_LIMIT:
+        answer = answer[:ANSWER_LOG_LIMIT] + "…"
+    extra = ""
+    if result.correct is not None:
+        extra = f" ({'correct' if result.correct else 'wrong'}, reward {result.reward})"
+    if result.reason is not None:
+        extra += f" (failed: {result.reason})"
+    get_run_logger().info(f"answer: {answer}{extra}")
+
+
+# The result is persisted (JSON, readable as a file too) so the UI and API show the answer.
 @flow(
     name="orchestrate",
     flow_run_name=_run_name,
     task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
     log_prints=False,
+    persist_result=True,
+    result_storage=result_storage(),
+    result_serializer="json",
 )
 def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     """Answer one question with a conductor-written plan; store every step as an artifact."""
@@ -456,6 +476,8 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
             if r.depth == 0
         ],
     )
+    publish_answer(result)
+    _log_answer(result)
     if execution.reason is not None:
         return Failed(message=execution.reason, data=result)
     return result

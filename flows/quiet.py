@@ -1,29 +1,84 @@
-"""Keep Prefect's shutdown noise, and engine tracebacks of our own errors, off the terminal.
+"""Keep third-party noise off the terminal: start-up notices, progress bars into pipes,
+Prefect's shutdown noise, and engine tracebacks of our own errors.
 
-When the process exits, Prefect stops its ephemeral API server and cancels background
-services; on some runs that logs ``asyncio.CancelledError`` tracebacks (issue #2 measured
-them on Prefect 3.9). They say nothing about the user's run, so: during the run, a logging
-filter drops records whose exception is a cancellation; after the result is printed,
-``silence_stderr_at_exit`` points file descriptor 2 at /dev/null for the interpreter's
-shutdown, once nothing of ours can still write there.
+- ``quiet_third_party_notices``, at CLI start: Prefect's "Starting temporary server" and
+  MLflow's "Creating initial MLflow database tables" are INFO lines of the libraries' own
+  loggers; those loggers are set to WARNING, so errors and warnings still show. The run's
+  own progress (Prefect's flow- and task-run loggers) stays at INFO (issue #10).
+- ``progress_bars_off``, at CLI start when stderr is not a terminal: tqdm, Hugging Face and
+  MLflow bars would write carriage-return lines into a log or a captured stderr.
+- ``hide_deprecation_warnings``, at CLI start: libraries' deprecation notices.
+- When the process exits, Prefect stops its ephemeral API server and cancels background
+  services; on some runs that logs ``asyncio.CancelledError`` tracebacks (issue #2 measured
+  them on Prefect 3.9). They say nothing about the user's run, so: during the run, a logging
+  filter drops records whose exception is a cancellation; after the result is printed,
+  ``silence_stderr_at_exit`` points file descriptor 2 at /dev/null for the interpreter's
+  shutdown, once nothing of ours can still write there.
+
+The first two only set defaults in the environment, before the libraries are imported (each
+reads them once, at import or logging setup): a user's own setting wins.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import concurrent.futures
 import logging
 import os
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 
 from conductor.errors import ConductorError
 
-__all__ = ["quiet_prefect_shutdown", "silence_stderr_at_exit"]
+__all__ = [
+    "hide_deprecation_warnings",
+    "progress_bars_off",
+    "quiet_prefect_shutdown",
+    "quiet_third_party_notices",
+    "silence_stderr_at_exit",
+]
 
-_CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+_NOTICES_OFF = {
+    # The "prefect" logger itself says "Starting temporary server on ..." at INFO.
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    # Prefect's per-logger overrides (``PREFECT_LOGGING_[PATH]_[TO]_[KEY]``): the runs' logs,
+    # the progress of ``conductor run``, keep INFO on the console and in the Prefect API.
+    "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
+    "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
+    # MLflow sets its "mlflow" logger (mlflow.store.db.utils: "Creating initial MLflow
+    # database tables...") from this when imported; alembic follows it at WARNING or above.
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    # MLflow prints "View run ... at: URL" on stdout when a run against a server ends.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+}
+
+_PROGRESS_BARS_OFF = {
+    "TQDM_DISABLE": "1",  # tqdm's default for ``disable``: the trainers' bars
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",  # datasets' map/filter bars
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # huggingface_hub's and transformers' bars
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # artifact uploads and downloads
+}
+
+
+def quiet_third_party_notices(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Third-party loggers at WARNING; call before Prefect or MLflow is imported."""
+    for key, value in _NOTICES_OFF.items():
+        environ.setdefault(key, value)
+
+
+def hide_deprecation_warnings() -> None:
+    """Deprecations inside transformers, TRL or PEFT (``gradient_checkpointing is
+    deprecated``) are for this project's developers, who see them in the tests, not for a
+    user of the CLI, who cannot act on them. Other warnings still show."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def progress_bars_off(environ: MutableMapping[str, str] = os.environ) -> None:
+    """No third-party progress bars; call before tqdm or Hugging Face is imported."""
+    for key, value in _PROGRESS_BARS_OFF.items():
+        environ.setdefault(key, value)
 
 
 class _QuietFilter(logging.Filter):
@@ -34,9 +89,16 @@ class _QuietFilter(logging.Filter):
     (it sits lower in the logger tree), so the server-side log keeps the traceback.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        import asyncio  # here, not at import: ``conductor --help`` needs neither
+        import concurrent.futures
+
+        self._cancelled = (asyncio.CancelledError, concurrent.futures.CancelledError)
+
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, _CANCELLED):
+        if isinstance(exc, self._cancelled):
             return False
         if isinstance(exc, ConductorError):
             record.exc_info = None

@@ -21,10 +21,11 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-__all__ = ["local_run_settings", "wait_until_recorded"]
+__all__ = ["local_run_settings", "result_storage", "wait_until_recorded"]
 
 _EPHEMERAL_SERVER_ENV = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
@@ -76,3 +77,19 @@ def wait_until_recorded(flow_run_id: object, timeout_s: float = 5.0) -> bool:
 
 def _settled(state: object) -> bool:
     return state is None or state.is_final() or state.name == "NotReady"  # type: ignore[attr-defined]
+
+
+def result_storage() -> Path | None:
+    """Where flow results are persisted: ``$CONDUCTOR_HOME/results`` (absolute, so the UI,
+    the API and other processes can read a result back), unless Prefect is configured with
+    its own result storage (``PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK`` or
+    ``PREFECT_LOCAL_STORAGE_PATH``, from the environment, a profile or temporary settings);
+    then ``None`` lets Prefect's setting apply. Read when the flow module is imported."""
+    from prefect.settings import get_current_settings
+
+    from conductor.home import conductor_home
+
+    results = get_current_settings().results
+    if results.default_storage_block or "local_storage_path" in results.model_fields_set:
+        return None
+    return conductor_home() / "results"

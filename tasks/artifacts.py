@@ -1,16 +1,50 @@
-"""Artifact tasks: store a run's rows in the Parquet dataset and show them in the Prefect UI."""
+"""Artifact tasks: store a run's rows in the Parquet dataset and show them in the Prefect UI.
+
+Everything published here renders in the Prefect UI as is: Markdown tables and block quotes
+(the UI shows Mermaid source as raw text, so a plan is a table whose ``sees`` column is its
+DAG), table artifacts, and a progress artifact. Keys (a new version per run):
+
+- ``conductor-plan``: the plan, published while its first steps run;
+- ``conductor-answer``: the answer, the run's status and, after verification, correct/reward;
+- ``conductor-steps``: one row per executed step (status, tokens, cost, latency, error);
+- ``eval-progress``: the share of an eval's runs that have finished;
+- ``eval-summary``: an eval's metrics, one row each.
+"""
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
+from tqdm import tqdm
 
 from conductor.records import RunRecord, StepRecord
+from conductor.requests import EvalResult, RunResult
 from conductor.store import ArtifactStore
 from conductor.workflow import Workflow
 
-__all__ = ["save_run", "publish_plan", "publish_steps"]
+__all__ = [
+    "EvalProgress",
+    "answer_markdown",
+    "eval_summary_rows",
+    "plan_markdown",
+    "publish_answer",
+    "publish_eval_summary",
+    "publish_plan",
+    "publish_steps",
+    "save_run",
+]
+
+# An answer longer than this is cut in the artifact; the full text is in the run's result.
+ANSWER_LIMIT = 10_000
 
 
 @task(
@@ -32,10 +66,12 @@ def _cell(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def publish_plan(workflow: Workflow, question: str, format_error: str | None) -> None:
-    """A Markdown artifact with the plan as a table and its DAG as Mermaid source."""
+def plan_markdown(workflow: Workflow, question: str, format_error: str | None) -> str:
+    """The plan as a Markdown table; ``sees`` (the access list) is the DAG, ``wave`` the
+    earliest round in which a step can run (steps of one wave run in parallel)."""
+    wave = {i: n for n, layer in enumerate(workflow.layers()) for i in layer}
     rows = "\n".join(
-        f"| {s.index} | {s.worker} | {', '.join(map(str, s.access)) or '-'} "
+        f"| {s.index} | {wave[s.index]} | {s.worker} | {', '.join(map(str, s.access)) or '-'} "
         f"| {_cell(s.instruction)} |"
         for s in workflow.steps
     )
@@ -45,12 +81,64 @@ def publish_plan(workflow: Workflow, question: str, format_error: str | None) ->
         if format_error
         else ""
     )
-    markdown = (
+    return (
         f"## Plan\n\n**Question:** {_cell(question, 300)}\n{note}\n"
-        f"| step | worker | reads | subtask |\n|---|---|---|---|\n{rows}\n\n"
-        f"```mermaid\n{workflow.mermaid()}\n```\n"
+        f"| step | wave | worker | sees | subtask |\n|---|---|---|---|---|\n{rows}\n\n"
+        f"The answer is the output of step {workflow.final.index}.\n"
     )
-    create_markdown_artifact(markdown=markdown, key="conductor-plan", description="Conductor plan")
+
+
+def publish_plan(workflow: Workflow, question: str, format_error: str | None) -> None:
+    """A Markdown artifact with the plan (see ``plan_markdown``)."""
+    create_markdown_artifact(
+        markdown=plan_markdown(workflow, question, format_error),
+        key="conductor-plan",
+        description="Conductor plan",
+    )
+
+
+def _quote(text: str) -> str:
+    if len(text) > ANSWER_LIMIT:
+        text = text[:ANSWER_LIMIT] + " … (cut; the full answer is the run's result)"
+    return "\n".join(f"> {line}" if line.strip() else ">" for line in text.strip().splitlines())
+
+
+def answer_markdown(result: RunResult) -> str:
+    """The answer block: the answer quoted, then status, verification and usage."""
+    lines = ["## Answer", ""]
+    lines.append(_quote(result.answer) if result.answer else "*(no answer)*")
+    lines.append("")
+    if result.reason:
+        lines += [f"**Failed:** {_cell(result.reason, 500)}", ""]
+    if result.format_error:
+        lines += [f"The conductor's plan was invalid ({_cell(result.format_error, 200)}).", ""]
+    cost = "n/a" if result.cost_usd is None else f"{result.cost_usd:.6f}"
+    columns = {"status": result.status}
+    if result.correct is not None:  # verified against a reference
+        columns["correct"] = "yes" if result.correct else "no"
+        columns["reward"] = f"{result.reward}"
+    columns |= {
+        "steps": str(len(result.workflow)),
+        "tokens in / out": f"{result.input_tokens} / {result.output_tokens}",
+        "cost (USD)": cost,
+        "wall time (s)": f"{result.wall_s:.2f}",
+    }
+    lines += [
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        "| " + " | ".join(columns.values()) + " |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def publish_answer(result: RunResult) -> None:
+    """A Markdown artifact with the run's outcome (see ``answer_markdown``)."""
+    summary = _cell(result.answer or "(no answer)", 120)
+    create_markdown_artifact(
+        markdown=answer_markdown(result),
+        key="conductor-answer",
+        description=f"{result.status}: {summary}",
+    )
 
 
 def publish_steps(steps: list[StepRecord]) -> None:
@@ -70,3 +158,78 @@ def publish_steps(steps: list[StepRecord]) -> None:
         for s in steps
     ]
     create_table_artifact(table=table, key="conductor-steps", description="Conductor steps")
+
+
+def _value(v: object) -> object:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return float(f"{v:.6g}")
+    return v
+
+
+def eval_summary_rows(result: EvalResult) -> list[dict[str, Any]]:
+    """One ``{"metric", "value"}`` row per metric of the eval (``n/a``: not measured)."""
+    rows: list[tuple[str, object]] = [
+        ("strategy", result.strategy),
+        ("dataset", f"{result.dataset} ({result.split})"),
+        ("accuracy", result.accuracy),
+        ("runs (n)", result.n),
+        ("questions", result.questions),
+        ("correct", result.correct),
+        ("failed runs", result.failed),
+        ("mean input tokens", result.mean_input_tokens),
+        ("mean output tokens", result.mean_output_tokens),
+        ("mean cost (USD)", result.mean_cost_usd),
+        ("wall time (s)", result.wall_s),
+        ("format-valid rate", result.format_valid_rate),
+    ]
+    if result.pass_at_k is not None:
+        rows.append((f"pass@{result.samples}", result.pass_at_k))
+    rows += sorted((result.selection or {}).items())
+    rows.append(("MLflow experiment", result.mlflow_experiment))
+    rows.append(("MLflow run id", result.mlflow_run_id))
+    return [{"metric": k, "value": _value(v)} for k, v in rows]
+
+
+def publish_eval_summary(result: EvalResult) -> None:
+    """A table artifact of the eval's metrics (see ``eval_summary_rows``)."""
+    create_table_artifact(
+        table=eval_summary_rows(result),
+        key="eval-summary",
+        description=f"{result.strategy}: accuracy {result.accuracy:.1%} "
+        f"({result.correct}/{result.n}), {result.failed} failed",
+    )
+
+
+class EvalProgress:
+    """The ``eval-progress`` artifact (0-100 %) over ``total`` runs, updated as they finish,
+    plus a tqdm bar when stderr is a terminal (a worker's log is not)."""
+
+    def __init__(self, total: int, label: str):
+        self.total = total
+        self.done = 0
+        self._shown = 0.0
+        self._id = create_progress_artifact(
+            progress=0.0 if total else 100.0, key="eval-progress", description=self._describe()
+        )
+        self._bar = tqdm(
+            total=total, file=sys.stderr, desc=label, unit="run", disable=not sys.stderr.isatty()
+        )
+
+    def _describe(self) -> str:
+        return f"{self.done} of {self.total} runs finished"
+
+    def advance(self, n: int = 1) -> None:
+        """Count ``n`` more finished runs; the artifact moves in whole percents."""
+        if n <= 0:
+            return
+        self.done = min(self.total, self.done + n)
+        self._bar.update(n)
+        percent = float(100 * self.done // self.total)
+        if percent > self._shown:
+            self._shown = percent
+            update_progress_artifact(self._id, percent, description=self._describe())
+
+    def close(self) -> None:
+        self._bar.close()

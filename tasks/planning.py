@@ -16,7 +16,7 @@ from conductor.workflow import Workflow
 __all__ = ["write_plan", "write_nested_plan"]
 
 
-@task(cache_policy=NO_CACHE, name="plan", task_run_name="plan · conductor", retries=0)
+@task(cache_policy=NO_CACHE, name="plan", task_run_name="plan (conductor)", retries=0)
 def write_plan(
     question: str, pool: Pool, max_steps: int | None = None, policy: ConductorPolicy | None = None
 ) -> Completion:
@@ -25,7 +25,7 @@ def write_plan(
 
 
 @task(
-    cache_policy=NO_CACHE, name="plan-nested", task_run_name="plan · conductor (nested)", retries=0
+    cache_policy=NO_CACHE, name="plan-nested", task_run_name="plan (conductor, nested)", retries=0
 )
 def write_nested_plan(
     question: str,

@@ -146,9 +146,13 @@ def run_step(
     )
 
 
+# Task-run names are ASCII: the Prefect UI's run graph drops characters such as ``·``.
+STEP_RUN_NAME = "step-{step.index} {step.worker}"
+
+
 def step_run_name(step: Step, depth: int = 0) -> str:
-    """``step-{i} · {worker}``; nested steps get a ``d{depth}-`` prefix."""
-    return f"{f'd{depth}-' if depth else ''}step-{step.index} · {step.worker}"
+    """``step-{i} {worker}``; nested steps get a ``d{depth}-`` prefix."""
+    return (f"d{depth}-" if depth else "") + STEP_RUN_NAME.format(step=step)
 
 
 def step_task_for(worker: WorkerSpec, depth: int = 0) -> Any:
@@ -159,7 +163,7 @@ def step_task_for(worker: WorkerSpec, depth: int = 0) -> Any:
     """
     prefix = f"d{depth}-" if depth else ""
     options: dict[str, Any] = {
-        "task_run_name": prefix + "step-{step.index} · {step.worker}",
+        "task_run_name": prefix + STEP_RUN_NAME,
         "retries": worker.retries,
         "retry_delay_seconds": exponential_backoff(worker.retry_backoff_s)(worker.retries)
         if worker.retries

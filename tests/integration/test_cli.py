@@ -69,6 +69,21 @@ def assert_clean(stderr: str) -> None:
     assert "Traceback" not in stderr
     assert "CancelledError" not in stderr
     assert "database is locked" not in stderr
+    # No third-party notices, and no progress bar into a pipe (issue #10).
+    assert "Starting temporary server" not in stderr
+    assert "Creating initial MLflow database tables" not in stderr
+    assert "\r" not in stderr
+
+
+def write_tool_pool(tmp_path: Path) -> Path:
+    """A pool whose only worker is the calculator; its conductor is never asked."""
+    pool = {
+        "conductor": {"model": "openai/gpt-4o-mini", "params": {"mock_response": PLAN}},
+        "workers": [{"name": "calculator", "kind": "tool", "model": "tool/calculator"}],
+    }
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump(pool))
+    return path
 
 
 def test_run_json_prints_one_object_and_no_noise(tmp_path):
@@ -82,7 +97,7 @@ def test_run_json_prints_one_object_and_no_noise(tmp_path):
     assert [s["instruction"] for s in data["workflow"]] == ["think", "answer"]
     assert data["cost_usd"] > 0  # priced from litellm's map for gpt-4o-mini
     assert Path(data["artifacts"]).is_dir()
-    assert "step-0 · gpt" in proc.stderr  # progress goes to stderr
+    assert "step-0 gpt" in proc.stderr  # progress goes to stderr
     assert_clean(proc.stderr)
     # Every task run reached the database as final before the ephemeral server stopped.
     import sqlite3
@@ -96,6 +111,33 @@ def test_run_json_prints_one_object_and_no_noise(tmp_path):
     s = json.loads(summary.stdout)
     assert s["runs"] == 1 and s["steps"] == 2 and s["failed_steps"] == 0
     assert s["input_tokens"] == data["input_tokens"]
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_eval_leaves_the_terminal_and_the_cwd_clean(tmp_path):
+    """An eval: one JSON object on stdout; on stderr no MLflow or Prefect notice and no
+    carriage-return progress lines (stderr is a pipe); MLflow artifacts under the home."""
+    pool = write_tool_pool(tmp_path)
+    proc = conductor(
+        "eval",
+        "--dataset",
+        "arithmetic",
+        "--limit",
+        "2",
+        "--strategy",
+        "single:calculator",
+        "--pool",
+        str(pool),
+        "--json",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["n"] == 2 and result["strategy"] == "single:calculator"
+    assert_clean(proc.stderr)
+    assert not (tmp_path / "mlruns").exists()
+    artifacts = tmp_path / "home" / "mlartifacts" / "eval" / "arithmetic"
+    assert list(artifacts.glob(f"{result['mlflow_run_id']}/artifacts/results.json"))
 
 
 def test_failing_worker_exits_non_zero_with_the_reason(tmp_path):

@@ -93,6 +93,9 @@ def test_single_worker_eval_scores_stores_and_tracks(setup):
     assert run.data.metrics["accuracy"] == pytest.approx(0.75)
     assert run.data.params["strategy"] == "single:oracle"
     assert run.data.params["dataset"] == str(data)
+    # the run spans the eval, not only the logging at its end (issue #10)
+    assert run.info.end_time - run.info.start_time >= 1000 * run.data.metrics["wall_s"] - 1000
+    assert run.info.status == "FINISHED"
     table = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/results.json")
     rows = [dict(zip(table["columns"], row, strict=False)) for row in table["data"]]
     assert len(rows) == 4 and sum(r["correct"] for r in rows) == 3
@@ -178,3 +181,60 @@ def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypa
     result = _eval(data, pool, tmp_path, "single:oracle")
     assert sorted(calls) == ["q0", "q1", "q2", "q3"]  # once each
     assert result.n == 4 and result.failed == 4 and result.correct == 0
+
+
+def test_eval_shows_its_name_progress_summary_and_result_in_prefect(setup, capsys, monkeypatch):
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    import tasks.artifacts
+    from flows.evaluate import evaluate
+
+    data, pool, tmp_path = setup
+    shown: list[float] = []
+    real_update = tasks.artifacts.update_progress_artifact
+
+    def update(artifact_id, progress, **kw):
+        shown.append(progress)
+        return real_update(artifact_id, progress, **kw)
+
+    monkeypatch.setattr(tasks.artifacts, "update_progress_artifact", update)
+    state = evaluate(
+        EvalRequest(
+            dataset=str(data),
+            strategy="single:oracle",
+            pool=str(pool),
+            concurrency=2,
+            artifacts=str(tmp_path / "art"),
+        ),
+        return_state=True,
+    )
+    result = state.result()
+    assert result.n == 4 and result.correct == 3
+    run_id = state.state_details.flow_run_id
+    flt = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        artifacts = {a.key: a for a in client.read_artifacts(artifact_filter=flt)}
+        assert run.state.result() == result  # persisted: the API gives the result back
+    assert run.name == "eval · mini · single:oracle"
+
+    progress = artifacts["eval-progress"]
+    assert progress.type == "progress" and float(progress.data) == 100.0
+    assert progress.description == "4 of 4 runs finished"
+    # Moved while the eval ran (the third question waits for one of the first two).
+    assert shown[-1] == 100.0 and 0 < shown[0] <= 50.0 and shown == sorted(set(shown))
+
+    summary = artifacts["eval-summary"]
+    assert summary.type == "table"
+    rows = {r["metric"]: r["value"] for r in json.loads(summary.data)}
+    assert rows["accuracy"] == pytest.approx(result.accuracy) == pytest.approx(0.75)
+    assert (rows["runs (n)"], rows["correct"], rows["failed runs"]) == (4, 3, 0)
+    assert rows["mean output tokens"] == pytest.approx(result.mean_output_tokens, rel=1e-5)
+    assert rows["mean cost (USD)"] == 0.0
+    assert rows["wall time (s)"] == pytest.approx(result.wall_s, rel=1e-5)
+    assert rows["format-valid rate"] == "n/a"  # not a conductor strategy
+    assert rows["MLflow run id"] == result.mlflow_run_id is not None
+    assert summary.description == "single:oracle: accuracy 75.0% (3/4), 0 failed"
+
+    assert "\r" not in capsys.readouterr().err  # no progress bar: stderr is not a terminal

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -14,7 +18,7 @@ import yaml
 from conductor.records import StepRecord
 from conductor.requests import OrchestrateRequest, RunResult
 from conductor.store import ArtifactStore
-from tests.fakes import CALLS, PLANS
+from tests.fakes import ANSWERS, CALLS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
@@ -400,4 +404,153 @@ def test_task_runs_are_named_after_their_step_and_worker(tmp_path):
     flt = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
     with get_client(sync_client=True) as client:
         names = {r.name for r in client.read_task_runs(flow_run_filter=flt)}
-    assert {"step-0 · slow", "step-1 · echo"} <= names
+    # ASCII names: the UI's run graph drops characters such as "·".
+    assert {"step-0 slow", "step-1 echo", "plan (conductor)"} <= names
+
+
+# Outcomes in the Prefect UI (issue #10): what the API holds about a finished run.
+
+
+def _artifacts(flow_run_id) -> dict:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    flt = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+    with get_client(sync_client=True) as client:
+        return {a.key: a for a in client.read_artifacts(artifact_filter=flt)}
+
+
+def _log_lines(flow_run_id, starting: str, timeout_s: float = 20.0) -> list[str]:
+    """The flow run's log messages that start with ``starting``, once the API has them."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)
+    flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            lines = [log.message for log in client.read_logs(log_filter=flt)]
+            found = [m for m in lines if m.startswith(starting)]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
+
+
+def _oracle_pool(tmp_path: Path) -> str:
+    ANSWERS.clear()
+    ANSWERS["What is 6 * 7?"] = "The answer is 42."
+    return make_pool(
+        tmp_path,
+        [{"name": "oracle", "model": "fake/lookup"}, {"name": "bad", "model": "fake/badrequest"}],
+    )
+
+
+_READ_BACK = """
+import json, sys
+from prefect import get_client
+with get_client(sync_client=True) as client:
+    for run_id in sys.argv[1:]:
+        state = client.read_flow_run(run_id).state
+        result = state.result(raise_on_failure=False)
+        print(json.dumps([state.type.value, type(result).__name__, result.model_dump(mode="json")]))
+"""
+
+
+def test_the_result_is_persisted_and_read_back_through_the_api_by_another_process(tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.orchestrate import orchestrate
+
+    pool = _oracle_pool(tmp_path)
+    root = str(tmp_path / "artifacts")
+    ok = orchestrate(
+        OrchestrateRequest(
+            question="What is 6 * 7?", pool=pool, artifacts=root, strategy="single:oracle"
+        ),
+        return_state=True,
+    )
+    failed = orchestrate(
+        OrchestrateRequest(
+            question="What is 6 * 7?", pool=pool, artifacts=root, strategy="single:bad"
+        ),
+        return_state=True,
+    )
+    assert ok.is_completed() and failed.is_failed()
+    # Stored as a file under the results directory the flow was built with (the conductor
+    # home at import), as JSON rather than a pickle.
+    key = Path(ok.data.metadata.storage_key)
+    assert orchestrate.result_storage is not None and key.parent == orchestrate.result_storage
+    stored = key.read_text()
+    assert json.loads(stored) and "The answer is 42." in stored  # JSON, not a pickle
+
+    ids = [str(s.state_details.flow_run_id) for s in (ok, failed)]
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_BACK, *ids],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (t1, cls1, r1), (t2, cls2, r2) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert (t1, cls1) == ("COMPLETED", "RunResult") and r1 == ok.result().model_dump(mode="json")
+    assert r1["answer"] == "The answer is 42." and r1["status"] == "completed"
+    assert (t2, cls2) == ("FAILED", "RunResult")
+    assert r2["status"] == "failed" and r2["reason"].startswith("step 0 (bad) failed")
+
+
+def test_the_answer_is_an_artifact_and_a_log_line_and_the_plan_renders(tmp_path):
+    from flows.orchestrate import orchestrate
+
+    pool = _oracle_pool(tmp_path)
+    PLANS["top"] = 'model_id = [0]\nsubtasks = ["What is 6 * 7?"]\naccess_list = [[]]'
+    state = orchestrate(
+        OrchestrateRequest(
+            question="What is 6 * 7?", pool=pool, artifacts=str(tmp_path / "a"), reference="42"
+        ),
+        return_state=True,
+    )
+    assert state.is_completed()
+    run_id = state.state_details.flow_run_id
+    artifacts = _artifacts(run_id)
+    assert {"conductor-plan", "conductor-answer", "conductor-steps"} <= set(artifacts)
+
+    answer = artifacts["conductor-answer"]
+    assert answer.type == "markdown" and answer.description == "completed: The answer is 42."
+    assert answer.data.startswith("## Answer\n\n> The answer is 42.\n")
+    assert "| status | correct | reward |" in answer.data
+    assert "| completed | yes | 1.0 |" in answer.data
+
+    plan = artifacts["conductor-plan"].data
+    assert "mermaid" not in plan and "```" not in plan  # the UI shows neither
+    assert "| step | wave | worker | sees | subtask |" in plan
+    assert "| 0 | 0 | oracle | - | What is 6 * 7? |" in plan
+
+    lines = _log_lines(run_id, "answer: ")
+    assert lines == ["answer: The answer is 42. (correct, reward 1.0)"]
+
+
+def test_a_failed_run_shows_its_reason_in_the_answer_artifact_and_log(tmp_path):
+    from flows.orchestrate import orchestrate
+
+    pool = _oracle_pool(tmp_path)
+    state = orchestrate(
+        OrchestrateRequest(
+            question="What is 6 * 7?",
+            pool=pool,
+            artifacts=str(tmp_path / "a"),
+            strategy="single:bad",
+        ),
+        return_state=True,
+    )
+    assert state.is_failed()
+    run_id = state.state_details.flow_run_id
+    answer = _artifacts(run_id)["conductor-answer"]
+    assert answer.description == "failed: (no answer)"
+    assert "**Failed:** step 0 (bad) failed: fake/badrequest" in answer.data
+    [line] = _log_lines(run_id, "answer: ")
+    assert line.startswith("answer: (none) (failed: step 0 (bad) failed")

@@ -1,4 +1,8 @@
-"""deployments/prefect.yaml: every entrypoint resolves and its parameters validate."""
+"""deployments/prefect.yaml: portable (no machine's directory stored), every entrypoint
+resolves from the installed package, its parameters validate, the conductor home is explicit.
+
+The real registration against a server and a worker is tests/e2e/test_server.py.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,67 @@ from prefect.flows import load_flow_from_entrypoint
 PREFECT_YAML = Path(__file__).resolve().parents[2] / "deployments" / "prefect.yaml"
 
 
+def _spec() -> dict:
+    return yaml.safe_load(PREFECT_YAML.read_text())
+
+
 def _deployments() -> list[dict]:
-    return yaml.safe_load(PREFECT_YAML.read_text())["deployments"]
+    return _spec()["deployments"]
+
+
+def _steps(actions: list[dict] | None) -> list[str]:
+    return [name for step in actions or [] for name in step]
+
+
+def test_registration_stores_no_working_directory():
+    """``pull: null`` (or a missing ``pull``) makes ``prefect deploy`` store
+    ``set_working_directory: <the directory it ran in>``; ``pull: []`` stores no step
+    (tests/e2e/test_server.py reads the stored pull steps back from a real server)."""
+    spec = _spec()
+    assert "pull" in spec and spec["pull"] == []
+    for d in _deployments():
+        # A deployment-level pull would override the top level: none, or empty too.
+        assert d.get("pull", []) == [], d["name"]
+    for actions in [spec.get("build"), spec.get("push"), spec["pull"]]:
+        assert not any("working_directory" in s or "git_clone" in s for s in _steps(actions))
+
+
+def test_every_deployment_sets_an_explicit_conductor_home():
+    for d in _deployments():
+        env = d["work_pool"]["job_variables"]["env"]
+        assert env["CONDUCTOR_HOME"] == "{{ $CONDUCTOR_HOME }}", d["name"]
+    register = (PREFECT_YAML.parent / "register.sh").read_text()
+    assert "export CONDUCTOR_HOME" in register  # filled, absolute, before `prefect deploy`
+
+
+@pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
+def test_entrypoint_is_a_module_of_the_installed_package(deployment, tmp_path):
+    """As a worker in a fresh temporary directory imports it: from sys.path, not a file."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    module = deployment["entrypoint"].partition(":")[0]
+    assert not module.endswith(".py") and "/" not in module
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin.endswith(".py")
+    # A process elsewhere, without this checkout on PYTHONPATH, finds the same module.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import importlib.util as u; print(u.find_spec({module!r}).origin)",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == spec.origin
 
 
 def test_orchestrate_deployment_is_defined_on_a_process_pool():

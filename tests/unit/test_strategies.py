@@ -138,3 +138,100 @@ def test_random_plan_seed_matches_the_random_plan_strategy():
     # Seeds seed .. seed + N - 1 give different proposals (best-of-n's N candidates).
     plans = {random_plan(pool, random_plan_seed("q1", s), "What is 1 + 1?") for s in range(8)}
     assert len(plans) > 1
+
+
+# The request models carry STRATEGY_PATTERN as the JSON-schema pattern of ``strategy``, so
+# the Prefect deployment form rejects what the flow would reject. Both must agree.
+_HEADS = ["conductor", "random-plan", "single", "self-consistency", "best-of-n", "best-of-n-plan"]
+_HEADS += ["", "best", "Single", "conductor-x"]
+_ARGS = ["", "a", "a b", "x.y-z_1", "0", "1", "2", "07", "64", "65", "+3", "\u0663", "-1"]
+_ARGS += ["conductor", "random-plan", "oracle"]
+_TEXTS = list(_HEADS) + [f"{h}:{a}" for h in _HEADS for a in _ARGS]
+_TEXTS += [f"{h}:{a}:{b}" for h in _HEADS for a in _ARGS for b in _ARGS]
+
+
+def _parses(text: str) -> bool:
+    try:
+        parse_strategy(text)
+    except ConductorError:
+        return False
+    return True
+
+
+def _validates(model: type, text: str) -> bool:
+    from pydantic import ValidationError
+
+    fields = {"dataset": "arithmetic"} if model.__name__ == "EvalRequest" else {"question": "Q?"}
+    try:
+        model(strategy=text, **fields)
+    except ValidationError:
+        return False
+    return True
+
+
+def test_pattern_and_parser_agree_on_every_combination():
+    from conductor.requests import EvalRequest, OrchestrateRequest
+
+    disagree = [
+        t
+        for t in _TEXTS
+        if not _parses(t) == _validates(EvalRequest, t) == _validates(OrchestrateRequest, t)
+    ]
+    assert disagree == []
+    accepted = [t for t in _TEXTS if _parses(t)]
+    assert len(accepted) > 40 and len(_TEXTS) - len(accepted) > 1000  # both kinds covered
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["conductor", "random-plan", "single:a", "single:meta", " conductor "]
+    + [f"self-consistency:b:{k}" for k in (1, 7, 10, 59, 64)]
+    + [f"best-of-n:{n}" for n in (2, 9, 10, 64)]
+    + ["best-of-n:4:random-plan", "best-of-n-plan:8:conductor", "best-of-n-plan:3"],
+)
+def test_every_accepted_strategy_passes_the_pattern(text):
+    import re
+
+    from conductor.requests import EvalRequest
+    from conductor.strategies import STRATEGY_PATTERN
+
+    s = parse_strategy(text, POOL)
+    assert re.fullmatch(STRATEGY_PATTERN, str(s))  # also the canonical form
+    assert EvalRequest(dataset="arithmetic", strategy=text).strategy == text.strip()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["best", "single:", "single:a b", "single:a:b", "self-consistency:a:0", "self-consistency:a:65"]
+    + ["best-of-n:1", "best-of-n:65", "best-of-n:4:smol", "best-of-n:+4", "random-plan:3", ""],
+)
+def test_bad_strategies_fail_parser_and_pattern(text):
+    from pydantic import ValidationError
+
+    from conductor.requests import EvalRequest, OrchestrateRequest
+
+    with pytest.raises(ConductorError):
+        parse_strategy(text)
+    with pytest.raises(ValidationError, match="strategy"):
+        EvalRequest(dataset="arithmetic", strategy=text)
+    with pytest.raises(ValidationError, match="strategy"):
+        OrchestrateRequest(question="Q?", strategy=text)
+
+
+def test_the_form_shows_the_pattern_examples_and_the_choices():
+    """What Prefect puts in the deployment's parameter schema (the UI form)."""
+    import re
+
+    from prefect.utilities.callables import parameter_schema
+
+    from conductor.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+    from flows.evaluate import evaluate
+    from flows.orchestrate import orchestrate
+
+    for flow, model in ((orchestrate, "OrchestrateRequest"), (evaluate, "EvalRequest")):
+        field = parameter_schema(flow).model_dump()["definitions"][model]["properties"]["strategy"]
+        assert field["pattern"] == STRATEGY_PATTERN
+        assert field["examples"] == list(STRATEGY_EXAMPLES)
+        assert all(re.fullmatch(STRATEGY_PATTERN, e) and _parses(e) for e in field["examples"])
+        for choice in ("single:WORKER", "self-consistency:WORKER:K", "best-of-n-plan:N"):
+            assert choice in field["description"]
