@@ -12,7 +12,8 @@ conductor home's store, and captures each page with headless Chromium (Debian's
 ``--home`` is the conductor home of the deployments (default: a temporary directory; pass
 one with a converted model cache, such as ``.conductor``, to skip the half-minute
 conversion). Pictures: ``deployment-form.png``, ``flow-run.png``, ``plan-artifact.png``,
-``answer-artifact.png``, ``eval-run.png``, ``eval-summary.png``, ``mlflow-compare.png``.
+``answer-artifact.png``, ``eval-run.png``, ``eval-summary.png``, ``eval-progress.png``,
+``mlflow-compare.png``.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def _capture(
 ) -> None:
     out, shoot = args.out, lambda url, name, **kw: _shoot(args.chromium, url, out / name, **kw)
     dep = api("GET", "/deployments/name/orchestrate/orchestrate")
-    shoot(f"{ui}/deployments/deployment/{dep['id']}/run", "deployment-form.png")
+    shoot(f"{ui}/deployments/deployment/{dep['id']}/run", "deployment-form.png", size="1400,1250")
 
     print(
         "running orchestrate and two evals (the first local run converts the model)",
@@ -207,7 +208,9 @@ def _capture(
     ev = api.run("evaluate/evaluate", {**common, "strategy": "conductor"})
     shoot(f"{ui}/runs/flow-run/{ev['id']}?tab=Artifacts", "eval-run.png")
     summary = api.artifact(ev["id"], "eval-summary")
-    shoot(f"{ui}/artifacts/artifact/{summary['id']}", "eval-summary.png", size="1400,800")
+    shoot(f"{ui}/artifacts/artifact/{summary['id']}", "eval-summary.png", size="1400,1150")
+    progress = api.artifact(ev["id"], "eval-progress")
+    shoot(f"{ui}/artifacts/artifact/{progress['id']}", "eval-progress.png", size="1400,500")
 
     store = f"sqlite:///{home / 'mlflow.db'}"
     mlflow_cmd = [
@@ -229,7 +232,7 @@ def _capture(
         ids = json.dumps([r.info.run_id for r in runs])
         experiments = json.dumps([experiment.experiment_id])
         query = urllib.parse.urlencode({"runs": ids, "experiments": experiments})
-        shoot(f"{mlflow_ui}/#/compare-runs?{query}", "mlflow-compare.png", size="1400,1000")
+        shoot(f"{mlflow_ui}/#/compare-runs?{query}", "mlflow-compare.png", size="1800,2200")
 
 
 if __name__ == "__main__":

@@ -80,27 +80,24 @@ def _restyle(params: list[Any]) -> None:
             param.__class__ = _Option
 
 
-class ConductorCommand(TyperCommand):
+class _ClickStyleHelp:
+    """Restyles a typer command's or group's parameters, its help option included."""
+
+    params: list[Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _restyle(self.params)
+
+    def get_help_option(self, ctx: typer.Context) -> TyperOption | None:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        _restyle([option])
+        return option
+
+
+class ConductorCommand(_ClickStyleHelp, TyperCommand):
     """A typer command whose help reads like click's (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _restyle(self.params)
 
-    def get_help_option(self, ctx: typer.Context) -> TyperOption | None:
-        option = super().get_help_option(ctx)
-        _restyle([option])
-        return option
-
-
-class ConductorGroup(TyperGroup):
+class ConductorGroup(_ClickStyleHelp, TyperGroup):
     """A typer group whose help reads like click's (see the module docstring)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _restyle(self.params)
-
-    def get_help_option(self, ctx: typer.Context) -> TyperOption | None:
-        option = super().get_help_option(ctx)
-        _restyle([option])
-        return option

@@ -34,6 +34,7 @@ def conductor(
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "CONDUCTOR_HOME": str(cwd / "home"), "PREFECT_HOME": str(cwd / "prefect")}
     env.pop("PREFECT_API_URL", None)  # the CLI uses its own ephemeral server here
+    env.pop("MLFLOW_TRACKING_URI", None)  # set by mlflow.set_tracking_uri in earlier tests
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
         cwd=cwd,
