@@ -1,11 +1,13 @@
 """Cold start of ``conductor run``: seconds from launching the command to its first worker call.
 
-Each sample is a fresh process, as a user's command is, in two settings:
+Each sample is a fresh process, as a user's command is, in three settings:
 
 - ``ephemeral``: no ``PREFECT_API_URL``; Prefect starts a temporary server in the command;
 - ``server``: ``PREFECT_API_URL`` points at a ``prefect server start`` that this script starts
   on a free port before the samples and stops at the end (the README's "keep a local server
-  running" setup).
+  running" setup), each ``conductor run`` a fresh process that runs the flow itself;
+- ``served``: the same running server plus ``conductor serve`` (started and warmed before
+  the samples, not timed in them): ``conductor run`` hands its request to that warm process.
 
 The first worker call's time is the ``started_at`` of the run's first step in the Parquet
 store (``conductor run --json`` names the run and the store). By default the pool is the
@@ -24,7 +26,7 @@ is a temporary directory. The 1-minute load average is printed with each row: on
 2-core machine other work moves these numbers a lot. Goal (issue #10): <= 6 s to the first
 worker call with a running server and the model cached.
 
-    python benchmarks/cold_start.py [--repeat 3] [--tool-only] [--settings ephemeral,server]
+    python benchmarks/cold_start.py [--repeat 3] [--tool-only] [--settings ephemeral,server,served]
                                     [--home DIR] [--json]
 """
 
@@ -109,7 +111,9 @@ def _conductor_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "flows.cli"]
 
 
-def conductor_sample(env: dict[str, str], cwd: Path, pool: Path | None) -> tuple[float, float]:
+def conductor_sample(
+    env: dict[str, str], cwd: Path, pool: Path | None, served: bool = False
+) -> tuple[float, float]:
     """(seconds to the first worker call, seconds for the whole command)."""
     from conductor.store import ArtifactStore
 
@@ -121,6 +125,8 @@ def conductor_sample(env: dict[str, str], cwd: Path, pool: Path | None) -> tuple
     total = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"conductor run failed:\n{proc.stderr[-3000:]}")
+    if served != ("via conductor serve" in proc.stderr):
+        raise SystemExit(f"conductor run {'did not go' if served else 'went'} through serve")
     result = json.loads(proc.stdout)
     steps = ArtifactStore(result["artifacts"]).read_pandas("steps")
     mine = steps[steps["run_id"] == result["run_id"]]
@@ -144,10 +150,14 @@ def baseline_sample(env: dict[str, str], cwd: Path) -> tuple[float, float]:
     return float(stamps[0]) - t0, total
 
 
-def imports_sample(env: dict[str, str], cwd: Path, tool_only: bool) -> float:
+def imports_sample(env: dict[str, str], cwd: Path, tool_only: bool, served: bool) -> float:
     """Seconds for a fresh process to import what ``conductor run`` imports before its first
-    worker call (the local model's torch and transformers too, unless tool-only)."""
-    modules = "flows.cli, flows.orchestrate" + ("" if tool_only else ", conductor.local_model")
+    worker call (the local model's torch and transformers too, unless tool-only; only the
+    client's modules when ``conductor serve`` runs the request)."""
+    if served:
+        modules = "flows.cli, flows.serve"
+    else:
+        modules = "flows.cli, flows.orchestrate" + ("" if tool_only else ", conductor.local_model")
     t0 = time.time()
     subprocess.run(
         [sys.executable, "-c", f"import {modules}"], env=env, cwd=cwd, check=True, timeout=900
@@ -198,6 +208,40 @@ class LocalServer:
             self.proc.wait(timeout=10)
 
 
+class Serve:
+    """``conductor serve`` against the server, in the conductor home; ready when it has
+    written its marker (the pool's local models are loaded by then)."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, pool: Path | None, log: Path):
+        cmd = [*_conductor_cmd(), "serve"] + (["--pool", str(pool)] if pool else [])
+        self.marker = Path(env["CONDUCTOR_HOME"]) / "serve.json"
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def wait(self, timeout_s: float = 900) -> float:
+        t0 = time.time()
+        while time.time() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"conductor serve exited:\n{self.log.read_text()[-3000:]}")
+            if self.marker.exists():
+                return time.time() - t0
+            time.sleep(0.25)
+        raise SystemExit(f"conductor serve not ready after {timeout_s} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
 def _summary(samples: list[tuple[float, float]], load: list[float]) -> dict[str, Any]:
     return {
         "first_call_s": round(statistics.median(s[0] for s in samples), 2),
@@ -212,27 +256,33 @@ def measure(
 ) -> dict[str, Any]:
     prefect_home = work / f"prefect-{setting}"
     prefect_home.mkdir()
-    server = None
-    server_start_s = None
+    server = serve = None
+    server_start_s = serve_ready_s = None
+    served = setting == "served"
     try:
-        if setting == "server":
-            server = LocalServer(prefect_home, work / "server.log")
+        if setting in ("server", "served"):
+            server = LocalServer(prefect_home, work / f"server-{setting}.log")
             server_start_s = round(server.wait(), 2)
         env = _env(home, prefect_home, server.api if server else None)
         cwd = work / f"cwd-{setting}"
         cwd.mkdir()
-        conductor_sample(env, cwd, pool)  # warm-up: Prefect's database, the model cache
+        if served:
+            serve = Serve(env, cwd, pool, work / "serve.log")
+            serve_ready_s = round(serve.wait(), 2)
+        conductor_sample(env, cwd, pool, served)  # warm-up: Prefect's database, the model cache
         baseline_sample(env, cwd)
         rows: dict[str, list[tuple[float, float]]] = {"conductor run": [], "bare prefect flow": []}
         load: dict[str, list[float]] = {"conductor run": [], "bare prefect flow": []}
         imports = []
         for _ in range(args.repeat):
-            imports.append(imports_sample(env, cwd, args.tool_only))
+            imports.append(imports_sample(env, cwd, args.tool_only, served))
             load["conductor run"].append(os.getloadavg()[0])
-            rows["conductor run"].append(conductor_sample(env, cwd, pool))
+            rows["conductor run"].append(conductor_sample(env, cwd, pool, served))
             load["bare prefect flow"].append(os.getloadavg()[0])
             rows["bare prefect flow"].append(baseline_sample(env, cwd))
     finally:
+        if serve is not None:
+            serve.stop()
         if server is not None:
             server.stop()
     out = {name: _summary(rows[name], load[name]) for name in rows}
@@ -245,6 +295,8 @@ def measure(
     out["imports_s"] = round(statistics.median(imports), 2)
     if server_start_s is not None:
         out["server_start_s"] = server_start_s
+    if serve_ready_s is not None:
+        out["serve_ready_s"] = serve_ready_s
     return out
 
 
@@ -256,7 +308,11 @@ def main() -> None:
         action="store_true",
         help="A mock conductor and the calculator: no model loads (default: the embedded pool).",
     )
-    ap.add_argument("--settings", default="ephemeral,server", help="ephemeral, server or both.")
+    ap.add_argument(
+        "--settings",
+        default="ephemeral,server,served",
+        help="Any of ephemeral, server, served (a running server and `conductor serve`).",
+    )
     ap.add_argument(
         "--home",
         type=Path,
@@ -267,8 +323,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = ap.parse_args()
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
-    if not set(settings) <= {"ephemeral", "server"}:
-        ap.error("--settings takes ephemeral, server or both")
+    if not settings or not set(settings) <= {"ephemeral", "server", "served"}:
+        ap.error("--settings takes ephemeral, server, served (comma-separated)")
 
     result: dict[str, Any] = {
         "pool": "tool-only (mock conductor, calculator)" if args.tool_only else "embedded",
@@ -284,8 +340,11 @@ def main() -> None:
             pool.write_text(TOOL_POOL)
         for setting in settings:
             result[setting] = measure(setting, args, work, home, pool)
-    if "server" in result:
-        result["goal_met"] = result["server"]["conductor run"]["first_call_s"] <= GOAL_S
+    running = [s for s in ("server", "served") if s in result]
+    if running:  # the goal's setting: a running server; the best way to run against it
+        best = min(running, key=lambda s: result[s]["conductor run"]["first_call_s"])
+        result["goal_setting"] = best
+        result["goal_met"] = result[best]["conductor run"]["first_call_s"] <= GOAL_S
     result["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if args.json:
         print(json.dumps(result))
@@ -306,12 +365,14 @@ def main() -> None:
         r = result[setting]
         extra = f"; imports alone {r['imports_s']:.2f} s"
         extra += f"; server start {r['server_start_s']:.2f} s" if "server_start_s" in r else ""
+        extra += f"; serve ready {r['serve_ready_s']:.2f} s" if "serve_ready_s" in r else ""
         print(f"{setting}: conductor / baseline = {r['ratio']:.2f}x (+{r['added_s']:.2f} s){extra}")
     if "goal_met" in result:
-        first = result["server"]["conductor run"]["first_call_s"]
+        best = result["goal_setting"]
+        first = result[best]["conductor run"]["first_call_s"]
         verdict = "met" if result["goal_met"] else "missed"
         print(f"goal: first worker call <= {GOAL_S:.0f} s with a running server: {verdict} "
-              f"({first:.2f} s)")  # fmt: skip
+              f"({first:.2f} s, {best})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def describe_workers(pool: Pool) -> str:
     """Workers by name with their descriptions, one per line: what OrchRM reads with a plan.
 
     Unlike :func:`describe_pool` the names are shown, because OrchRM's plan documents name
-    their workers (``reward_model.pairs.plan_document``).
+    their workers (``reward_model.documents.plan_document``).
     """
     return "\n".join(f"{w.name}: {' '.join(w.description.split()) or w.kind}" for w in pool.workers)
 

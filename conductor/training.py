@@ -50,7 +50,7 @@ class TrainConductorRequest(BaseModel):
     limit: int | None = Field(default=None, ge=1, description="First N training questions.")
     eval_split: str = Field(default="test", description="Held-out split: before/after eval.")
     eval_limit: int | None = Field(
-        default=200, ge=1, description="Held-out questions evaluated before and after."
+        default=50, ge=1, description="Held-out questions evaluated before and after."
     )
     eval_before: bool = Field(default=True, description="Evaluate the starting conductor.")
     eval_concurrency: int = Field(default=16, ge=1, le=64, description="Eval questions at once.")
@@ -65,14 +65,14 @@ class TrainConductorRequest(BaseModel):
     prompt: Literal["full", "compact"] = Field(
         default="compact", description="Prompt style trained with and served with."
     )
-    warm_start: bool = Field(default=False, description="SFT on verified-correct runs first.")
+    warm_start: bool = Field(default=True, description="SFT on verified-correct runs first.")
     warm_start_examples: int = Field(
         default=64, ge=1, description="At most this many verified-correct plans (seeded draw)."
     )
     warm_start_epochs: float = Field(default=1.5, gt=0, description="SFT epochs.")
     warm_start_lr: float = Field(default=1e-3, gt=0, description="SFT learning rate.")
     warm_start_batch_size: int = Field(default=4, ge=1, description="SFT examples per step.")
-    max_steps: int = Field(default=8, ge=1, description="GRPO steps.")
+    max_steps: int = Field(default=24, ge=1, description="GRPO steps.")
     num_generations: int = Field(default=4, ge=2, description="Rollouts per question (G).")
     batch_size: int = Field(
         default=4, ge=2, description="Rollouts per step (a multiple of num_generations)."

@@ -6,22 +6,32 @@ plan, arguments). User errors never print a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from conductor.errors import ConductorError, PlanError
+from flows.cli_common import (
+    ConductorOpt,
+    JsonOpt,
+    PoolOpt,
+    RmOpt,
+    build_request,
+    call_flow,
+    call_long_flow,
+    check_rm,
+    fail,
+    load_pool_option,
+)
 from flows.cli_help import ConductorCommand, ConductorGroup
+from flows.cli_train import train_conductor_cmd, train_rm_cmd
 from flows.quiet import (
     hide_deprecation_warnings,
     progress_bars_off,
-    quiet_prefect_shutdown,
     quiet_third_party_notices,
     silence_stderr_at_exit,
 )
@@ -39,93 +49,6 @@ artifacts_app = typer.Typer(
     invoke_without_command=True,
 )
 app.add_typer(artifacts_app, name="artifacts")
-
-PoolOpt = Annotated[
-    Optional[Path],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option("--pool", "-p", help="Pool YAML file (default: the embedded local pool)."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-ConductorOpt = Annotated[
-    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option(
-        "--conductor",
-        "-c",
-        metavar="REF",
-        help="A trained conductor instead of the pool's: an adapter directory, "
-        "models:/conductor@champion, or embedded.",
-    ),
-]
-
-
-RmOpt = Annotated[
-    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option(
-        "--rm",
-        metavar="REF",
-        help="OrchRM of best-of-n: a directory or models:/orchrm@champion (default).",
-    ),
-]
-
-
-def _check_rm(strategy: Any, rm: str | None) -> None:
-    """Best-of-n needs a reward model: load it now, so a missing one fails in one line."""
-    if strategy.best_of:
-        from flows.best_of_n import DEFAULT_RM
-        from reward_model.model import load_reward_model
-
-        load_reward_model(rm or DEFAULT_RM)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _request(model: Any, **fields: Any) -> Any:
-    """The flow's request model, or one line naming the bad field (exit 2)."""
-    from pydantic import ValidationError
-
-    try:
-        return model(**fields)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        _fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
-
-
-def _call_long_flow(flow: Any, request: Any, result_type: type, what: str) -> Any:
-    """A long flow (eval, training): per-task logs off, stdout kept for the result."""
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # The trainers print their log lines and progress on stdout; stdout is for the result.
-    with contextlib.redirect_stdout(sys.stderr):
-        _, result = _call_flow(flow, request)
-    if not isinstance(result, result_type):
-        _fail(str(result).strip().splitlines()[0] if result else f"{what} crashed", code=1)
-    return result
-
-
-def _call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
-    """Run a flow in this process; returns its final state and its result (or exception)."""
-    from flows.runtime import local_run_settings, wait_until_recorded
-
-    with quiet_prefect_shutdown(), local_run_settings():
-        state = flow(request, return_state=True)
-        result = state.result(raise_on_failure=False)
-        wait_until_recorded(state.state_details.flow_run_id)
-    # Everything the user needs is printed after this; Prefect's shutdown output is not.
-    silence_stderr_at_exit()
-    return state, result
-
-
-def _load_pool(pool: Path | None, conductor: str | None = None):
-    from conductor.pool import load_pool
-
-    loaded = load_pool(pool)
-    if conductor:
-        from conductor.adapters import with_conductor
-
-        loaded = with_conductor(loaded, conductor)
-    return loaded
 
 
 def _print_plan(workflow: Any, pool: Any, stream: Any = None) -> None:
@@ -158,19 +81,23 @@ def run(
     ] = "conductor",
     rm: RmOpt = None,
     seed: Annotated[int, typer.Option(help="Seed of proposals and random plans.")] = 0,
+    in_process: Annotated[
+        bool, typer.Option("--in-process", help="Run here even if `conductor serve` is running.")
+    ] = False,
 ) -> None:
     """Plan QUESTION with the conductor and run the plan as a Prefect flow."""
     from conductor.requests import OrchestrateRequest
     from conductor.strategies import parse_strategy
 
-    p = _load_pool(pool, conductor)  # fail fast on a bad pool or adapter, before Prefect starts
+    # Fail fast on a bad pool or adapter, before Prefect starts.
+    p = load_pool_option(pool, conductor)
     strategy = "conductor"
     if best_of is not None:
         strategy = f"best-of-n{'-plan' if plan_only else ''}:{best_of}:{proposer}"
     elif plan_only:
-        _fail("--plan-only goes with --best-of N")
-    _check_rm(parse_strategy(strategy, p), rm)
-    request = _request(
+        fail("--plan-only goes with --best-of N")
+    check_rm(parse_strategy(strategy, p), rm)
+    request = build_request(
         OrchestrateRequest,
         question=question,
         pool=str(pool) if pool else None,
@@ -181,7 +108,7 @@ def run(
         rm=rm,
         seed=seed,
     )
-    state, result = _call_flow(_run_flow(best_of is not None), request)
+    state, result = _run_request(request, best_of is not None, in_process)
     from conductor.requests import RunResult
 
     if not isinstance(result, RunResult):
@@ -191,7 +118,7 @@ def run(
             if isinstance(result, BaseException)
             else state.message
         )
-        _fail(message or "the run crashed", code=1)
+        fail(message or "the run crashed", code=1)
     if as_json:
         print(
             json.dumps(
@@ -221,7 +148,48 @@ def run(
             file=sys.stderr,
         )
     if result.status != "completed":
-        _fail(result.reason or "the run failed", code=1)
+        fail(result.reason or "the run failed", code=1)
+
+
+def _run_request(request: Any, best_of: bool, in_process: bool) -> tuple[Any, Any]:
+    """Through a running ``conductor serve`` when there is one (warm models, no imports of
+    litellm or torch here), else the flow in this process."""
+    if not in_process:
+        from flows.serve import find_served, submit
+
+        served = find_served()
+        if served is not None:
+            print(f"conductor: via conductor serve (pid {served.pid})", file=sys.stderr)
+            result = submit(request, served, best_of=best_of)
+            silence_stderr_at_exit()
+            return None, result
+    return call_flow(_run_flow(best_of), request)
+
+
+@app.command(cls=ConductorCommand)
+def serve(
+    pool: PoolOpt = None,
+    conductor: ConductorOpt = None,
+    limit: Annotated[int, typer.Option(help="Requests served at once.")] = 4,
+) -> None:
+    """Keep the engine and the pool's local models loaded; `conductor run` uses this process.
+
+    Needs PREFECT_API_URL (a running `prefect server start`). Stop with Ctrl-C."""
+    from flows.serve import marker_path
+    from flows.serve import serve as serve_forever
+
+    p = load_pool_option(pool, conductor)
+
+    def ready(warmed: list[str], seconds: float) -> None:
+        models = ", ".join(warmed) or "no local model"
+        print(
+            f"conductor serve: ready in {seconds:.1f} s ({models} loaded); "
+            f"`conductor run` in {marker_path().parent} now runs here. Ctrl-C stops.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    serve_forever(p, limit=limit, on_ready=ready)
 
 
 def _run_flow(best_of: bool) -> Any:
@@ -269,10 +237,10 @@ def eval_(
     from conductor.requests import EvalRequest
     from conductor.strategies import parse_strategy
 
-    p = _load_pool(pool, conductor)
-    _check_rm(parse_strategy(strategy, p), rm)
+    p = load_pool_option(pool, conductor)
+    check_rm(parse_strategy(strategy, p), rm)
     load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
-    request = _request(
+    request = build_request(
         EvalRequest,
         dataset=dataset,
         split=split,
@@ -289,7 +257,7 @@ def eval_(
     from flows.evaluate import evaluate
 
     # Per-question flow logs would bury the progress bar; warnings and errors still show.
-    result = _call_long_flow(evaluate, request, EvalResult, "the eval")
+    result = call_long_flow(evaluate, request, EvalResult, "the eval")
     if as_json:
         print(result.model_dump_json())
         return
@@ -348,13 +316,13 @@ def plan(
     from conductor.plan import parse_plan
     from conductor.policy import LiteLLMPolicy
 
-    p = _load_pool(pool, conductor)
+    p = load_pool_option(pool, conductor)
     completion = LiteLLMPolicy(max_steps).write_plan(question, p)
     try:
         workflow = parse_plan(completion.text, p, max_steps=max_steps)
     except PlanError as exc:
         typer.echo(f"conductor output:\n{completion.text}", err=True)
-        _fail(f"invalid plan: {exc}")
+        fail(f"invalid plan: {exc}")
     if as_json:
         print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
     else:
@@ -377,151 +345,14 @@ def validate(
             with open(file, encoding="utf-8", errors="replace") as fh:
                 text = fh.read(MAX_PLAN_TEXT_CHARS + 1)
     except OSError as exc:
-        _fail(f"{file}: {exc.strerror or exc}")
-    workflow = parse_plan(text, _load_pool(pool), max_steps=max_steps)
+        fail(f"{file}: {exc.strerror or exc}")
+    workflow = parse_plan(text, load_pool_option(pool), max_steps=max_steps)
     print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
 
 
-@app.command("train-conductor", cls=ConductorCommand)
-def train_conductor_cmd(
-    dataset: Annotated[
-        str, typer.Option(help="Training questions: arithmetic, or a JSONL/Parquet/CSV file.")
-    ] = "arithmetic",
-    max_steps: Annotated[int, typer.Option(help="GRPO steps.")] = 8,
-    num_generations: Annotated[int, typer.Option(help="Rollouts per question (G).")] = 4,
-    batch_size: Annotated[int, typer.Option(help="Rollouts per GRPO step.")] = 4,
-    max_completion_length: Annotated[int, typer.Option(help="Plan tokens at most.")] = 128,
-    learning_rate: Annotated[float, typer.Option(help="GRPO learning rate.")] = 5e-5,
-    loss_type: Annotated[str, typer.Option(help="TRL loss_type.")] = "grpo",
-    base: Annotated[
-        str, typer.Option(help="Base model: smollm2-135m-instruct or an HF model directory.")
-    ] = "smollm2-135m-instruct",
-    init_adapter: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="Continue from a conductor (adapter directory or models:/…)."),
-    ] = None,
-    warm_start: Annotated[
-        bool,
-        typer.Option("--warm-start", help="SFT on verified-correct runs of the store first."),
-    ] = False,
-    warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 1.5,
-    limit: Annotated[Optional[int], typer.Option(help="First N training questions.")] = None,  # noqa: UP045
-    eval_limit: Annotated[int, typer.Option(help="Held-out questions, before and after.")] = 200,
-    no_eval_before: Annotated[
-        bool, typer.Option("--no-eval-before", help="Skip evaluating the starting conductor.")
-    ] = False,
-    orchrm_weight: Annotated[float, typer.Option(help="Weight of the OrchRM reward.")] = 0.0,
-    orchrm: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="OrchRM of --orchrm-weight (default models:/orchrm@champion)."),
-    ] = None,
-    token_penalty: Annotated[
-        float, typer.Option(help="Weight of the token-cost penalty (tokens/1k).")
-    ] = 0.0,
-    no_promote: Annotated[
-        bool, typer.Option("--no-promote", help="Register as candidate only.")
-    ] = False,
-    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
-    pool: PoolOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Train the conductor with GRPO (TRL + PEFT) on executed plans; register it in MLflow."""
-    from conductor.datasets import load_dataset
-    from conductor.training import TrainConductorRequest, TrainConductorResult
-
-    _load_pool(pool)
-    load_dataset(dataset, split="train", limit=1, seed=seed)  # a bad dataset fails here
-    request = _request(
-        TrainConductorRequest,
-        dataset=dataset,
-        limit=limit,
-        eval_limit=eval_limit,
-        eval_before=not no_eval_before,
-        pool=str(pool) if pool else None,
-        base=base,
-        init_adapter=init_adapter,
-        warm_start=warm_start,
-        warm_start_epochs=warm_start_epochs,
-        max_steps=max_steps,
-        num_generations=num_generations,
-        batch_size=batch_size,
-        max_completion_length=max_completion_length,
-        learning_rate=learning_rate,
-        loss_type=loss_type,
-        orchrm_weight=orchrm_weight,
-        orchrm=orchrm,
-        token_penalty_weight=token_penalty,
-        promote=not no_promote,
-        seed=seed,
-    )
-    if orchrm_weight:
-        from reward_model.model import CHAMPION, load_reward_model
-
-        load_reward_model(orchrm or CHAMPION)  # a missing reward model fails here, in one line
-    from flows.train_conductor import train_conductor
-
-    result = _call_long_flow(train_conductor, request, TrainConductorResult, "training")
-    if as_json:
-        print(result.model_dump_json(exclude={"adapter_dir", "model_version"}))
-        return
-    for key, value in result.model_dump().items():
-        print(f"{key:<22} {value}")
-
-
-@app.command("train-rm", cls=ConductorCommand)
-def train_rm_cmd(
-    since: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="Build pairs from runs created since this date (default: all runs)."),
-    ] = None,
-    split: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="Only runs of this dataset split, e.g. train (default: all runs)."),
-    ] = None,
-    min_pairs: Annotated[int, typer.Option(help="Train only with at least N new pairs.")] = 64,
-    max_steps: Annotated[int, typer.Option(help="RewardTrainer steps.")] = 120,
-    batch_size: Annotated[int, typer.Option(help="Pairs per step.")] = 8,
-    learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 3e-4,
-    base: Annotated[
-        str, typer.Option(help="Backbone: smollm2-135m-instruct or an HF model directory.")
-    ] = "smollm2-135m-instruct",
-    max_tokens: Annotated[int, typer.Option(help="Token budget of one plan document.")] = 192,
-    no_promote: Annotated[
-        bool, typer.Option("--no-promote", help="Register as candidate only.")
-    ] = False,
-    seed: Annotated[int, typer.Option(help="Seed of the split, sampling and training.")] = 0,
-    pool: PoolOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Train OrchRM (a Bradley-Terry reward model) on pairs from the stored runs."""
-
-    from reward_model.model import RewardModelRequest, RewardModelResult
-
-    _load_pool(pool)
-    request = _request(
-        RewardModelRequest,
-        since=since,
-        split=split,
-        min_pairs=min_pairs,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        base=base,
-        max_tokens=max_tokens,
-        promote=not no_promote,
-        seed=seed,
-        pool=str(pool) if pool else None,
-    )
-    from flows.train_reward_model import train_reward_model
-
-    result = _call_long_flow(train_reward_model, request, RewardModelResult, "training")
-    if as_json:
-        print(json.dumps(result.model_dump(mode="json")))
-        return
-    print(result.message)
-    if result.trained:
-        for key, value in result.model_dump(exclude={"message"}).items():
-            print(f"  {key:<38} {value}")
+# The training commands live in flows/cli_train.py.
+app.command("train-conductor", cls=ConductorCommand)(train_conductor_cmd)
+app.command("train-rm", cls=ConductorCommand)(train_rm_cmd)
 
 
 @artifacts_app.callback()

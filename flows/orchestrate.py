@@ -22,7 +22,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture, wait
+from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -278,12 +280,21 @@ def conductor_round(
     return execute(workflow, pool, ids, depth, parent)
 
 
+def _flow_logger() -> Any:
+    """This flow run's logger, also when the flow runs inside a task (an eval's question, a
+    served request), where ``get_run_logger`` would give the enclosing task run's."""
+    ctx = FlowRunContext.get()
+    if ctx is not None and ctx.flow_run is not None:
+        return flow_run_logger(ctx.flow_run, ctx.flow)
+    return get_run_logger()
+
+
 def _log_plan(workflow: Workflow, format_error: str | None) -> None:
     lines = [f"invalid plan ({format_error}); running the fallback:"] if format_error else ["plan:"]
     for s in workflow.steps:
         reads = ", ".join(map(str, s.access)) or "-"
         lines.append(f"  step {s.index} · {s.worker} reads [{reads}]: {s.instruction[:120]}")
-    get_run_logger().info("\n".join(lines))
+    _flow_logger().info("\n".join(lines))
 
 
 def _question_id(question: str) -> str:
@@ -356,7 +367,7 @@ def _log_answer(result: RunResult) -> None:
         extra = f" ({'correct' if result.correct else 'wrong'}, reward {result.reward})"
     if result.reason is not None:
         extra += f" (failed: {result.reason})"
-    get_run_logger().info(f"answer: {answer}{extra}")
+    _flow_logger().info(f"answer: {answer}{extra}")
 
 
 # The result is persisted (JSON, readable as a file too) so the UI and API show the answer.

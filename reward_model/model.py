@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from conductor.errors import ConductorError
 from conductor.workflow import Workflow
-from reward_model.pairs import plan_document, raw_plan_document, reward_input
+from reward_model.documents import plan_document, raw_plan_document, reward_input
 
 __all__ = [
     "CHAMPION",

@@ -284,3 +284,84 @@ def test_evaluate_deployment_reports_its_summary(server):
     mine = runs[[_tags(t).get("eval_id") == run["id"] for t in runs["tags"]]]
     assert len(mine) == 3, runs[["run_id", "tags"]].tail()
     assert (server.home / "mlflow.db").exists()  # the eval's MLflow run, under the home
+
+
+# --- conductor serve: a warm process that `conductor run` hands its request to -------------
+
+TOOL_POOL = """\
+conductor:
+  model: openai/gpt-4o-mini
+  params: {mock_response: "model_id = [0]\\nsubtasks = ['17 + 25']\\naccess_list = [[]]"}
+workers:
+  - {name: calculator, kind: tool, model: tool/calculator, retries: 0}
+"""
+
+
+def _conductor(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "conductor"), *args], env=env, cwd=cwd, capture_output=True, text=True,
+        timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def test_conductor_run_goes_through_a_running_conductor_serve(server, tmp_path):
+    home = tmp_path / "serve-home"
+    env = {**server.env, "CONDUCTOR_HOME": str(home)}
+    (tmp_path / "client").mkdir()
+    pool = tmp_path / "client" / "pool.yaml"
+    pool.write_text(TOOL_POOL)
+    serve = _start(
+        [str(BIN / "conductor"), "serve", "--pool", str(pool)], env, tmp_path, tmp_path / "s.log"
+    )
+    marker = home / "serve.json"
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not marker.exists():
+            assert serve.poll() is None, (tmp_path / "s.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "conductor serve never became ready"
+            time.sleep(0.25)
+        assert json.loads(marker.read_text())["api_url"] == server.api
+
+        # A relative --pool from the client's directory: the serving process is elsewhere.
+        done = _conductor(["run", "What is 17 + 25?", "--pool", "pool.yaml", "--json"], env,
+                          tmp_path / "client")  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "via conductor serve" in done.stderr
+        result = json.loads(done.stdout)
+        assert result["status"] == "completed" and result["answer"].strip() == "42"
+
+        # The same flow run as in-process: the orchestrate run, its steps, its answer log line.
+        flow_run = server.call("GET", f"/flow_runs/{result['run_id']}")
+        assert flow_run["state_type"] == "COMPLETED", flow_run["state"]
+        names = [t["name"] for t in _task_runs(server, result["run_id"])]
+        assert any(n.startswith("step-0") for n in names), names
+        logged = False  # the serving process ships its logs in batches (every ~2 s)
+        for _ in range(40):
+            flt = {"logs": {"flow_run_id": {"any_": [result["run_id"]]}}}
+            if any(e["message"] == "answer: 42" for e in server.call("POST", "/logs/filter", flt)):
+                logged = True
+                break
+            time.sleep(0.5)
+        assert logged, "no `answer: 42` line in the flow run's logs"
+        runs = ArtifactStore(str(home / "artifacts")).read_pandas("runs")
+        assert result["run_id"] in set(runs["run_id"])
+
+        # A failing request fails the command with the run's own reason.
+        pool.write_text(TOOL_POOL.replace("'17 + 25'", "'seventeen'"))
+        failed = _conductor(["run", "Seventeen plus twenty-five?", "--pool", "pool.yaml"], env,
+                            tmp_path / "client")  # fmt: skip
+        assert failed.returncode == 1 and "via conductor serve" in failed.stderr
+        assert "no arithmetic expression" in failed.stderr, failed.stderr[-2000:]
+
+        pool.write_text(TOOL_POOL)
+        local = _conductor(["run", "What is 17 + 25?", "--pool", "pool.yaml", "--in-process"],
+                           env, tmp_path / "client")  # fmt: skip
+        assert local.returncode == 0 and "via conductor serve" not in local.stderr
+    finally:
+        _stop(serve)
+    assert serve.returncode is not None and not marker.exists()  # SIGTERM removes the marker
+
+    # With the serving process gone, run works in-process again.
+    again = _conductor(["run", "What is 17 + 25?", "--pool", str(pool)], env, tmp_path)
+    assert again.returncode == 0 and "via conductor serve" not in again.stderr
+    assert "answer: 42" in again.stdout

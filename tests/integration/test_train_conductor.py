@@ -86,6 +86,7 @@ def _request(data, pool, tiny_base, **kw) -> TrainConductorRequest:
         max_completion_length=16,
         learning_rate=1e-2,
         warm_start_epochs=1,
+        warm_start=False,
     )
     return TrainConductorRequest(**{**defaults, **kw})
 
@@ -308,7 +309,7 @@ def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
     proc = _cli(
         "--dataset", str(data), "--pool", str(pool), "--base", str(tiny_base),
         "--max-steps", "1", "--batch-size", "2", "--num-generations", "2",
-        "--max-completion-length", "16", "--eval-limit", "1", "--no-eval-before", "--json",
+        "--max-completion-length", "16", "--eval-limit", "1", "--no-eval-before", "--no-warm-start", "--json",
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

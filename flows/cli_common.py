@@ -1,0 +1,113 @@
+"""What the CLI's commands share: option types, one-line failures, running a flow here."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
+
+__all__ = [
+    "ConductorOpt",
+    "JsonOpt",
+    "PoolOpt",
+    "RmOpt",
+    "call_flow",
+    "call_long_flow",
+    "check_rm",
+    "fail",
+    "load_pool_option",
+    "build_request",
+]
+
+PoolOpt = Annotated[
+    Optional[Path],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option("--pool", "-p", help="Pool YAML file (default: the embedded local pool)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+ConductorOpt = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--conductor",
+        "-c",
+        metavar="REF",
+        help="A trained conductor instead of the pool's: an adapter directory, "
+        "models:/conductor@champion, or embedded.",
+    ),
+]
+
+
+RmOpt = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--rm",
+        metavar="REF",
+        help="OrchRM of best-of-n: a directory or models:/orchrm@champion (default).",
+    ),
+]
+
+
+def check_rm(strategy: Any, rm: str | None) -> None:
+    """Best-of-n needs a reward model: load it now, so a missing one fails in one line."""
+    if strategy.best_of:
+        from flows.best_of_n import DEFAULT_RM
+        from reward_model.model import load_reward_model
+
+        load_reward_model(rm or DEFAULT_RM)
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def build_request(model: Any, **fields: Any) -> Any:
+    """The flow's request model, or one line naming the bad field (exit 2)."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
+
+
+def call_long_flow(flow: Any, request: Any, result_type: type, what: str) -> Any:
+    """A long flow (eval, training): per-task logs off, stdout kept for the result."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # The trainers print their log lines and progress on stdout; stdout is for the result.
+    with contextlib.redirect_stdout(sys.stderr):
+        _, result = call_flow(flow, request)
+    if not isinstance(result, result_type):
+        fail(str(result).strip().splitlines()[0] if result else f"{what} crashed", code=1)
+    return result
+
+
+def call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
+    """Run a flow in this process; returns its final state and its result (or exception)."""
+    from flows.runtime import local_run_settings, wait_until_recorded
+
+    with quiet_prefect_shutdown(), local_run_settings():
+        state = flow(request, return_state=True)
+        result = state.result(raise_on_failure=False)
+        wait_until_recorded(state.state_details.flow_run_id)
+    # Everything the user needs is printed after this; Prefect's shutdown output is not.
+    silence_stderr_at_exit()
+    return state, result
+
+
+def load_pool_option(pool: Path | None, conductor: str | None = None):
+    from conductor.pool import load_pool
+
+    loaded = load_pool(pool)
+    if conductor:
+        from conductor.adapters import with_conductor
+
+        loaded = with_conductor(loaded, conductor)
+    return loaded

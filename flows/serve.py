@@ -1,0 +1,214 @@
+"""``conductor serve``: a warm process that answers ``conductor run`` (issue #10, cold start).
+
+A fresh ``conductor run`` pays, before its first worker call, for importing litellm (3.6 s on
+the 2-core machine), torch and transformers, and for loading the local model. ``conductor
+serve`` pays that once: it is a Prefect **task worker** (``prefect.task_worker.serve``) that
+has imported the engine and loaded every local model of its pool (one short completion per
+model). ``conductor run``, when it finds one, submits its request as a background task run
+(``Task.delay``) and waits for its result; the command itself then imports only Prefect.
+
+The served task calls the ``orchestrate`` flow (or ``best-of-n``) in the serving process, so
+the run is the same Prefect flow run with the same artifacts, Parquet rows and persisted
+result as in-process (a flow run of its own: Prefect links a flow run to a parent task run
+only inside a parent flow run, and a task worker's task runs have none).
+
+Discovery, without a network call: ``serve`` writes ``$CONDUCTOR_HOME/serve.json`` (its pid
+and Prefect API URL) and removes it when it stops. ``run`` uses it only when its own
+``PREFECT_API_URL`` is the same and that pid is alive; ``--in-process`` bypasses it. Task
+workers need a running Prefect server (the ephemeral one lives and dies with each command),
+so ``serve`` refuses to start without ``PREFECT_API_URL``.
+
+The request's parameters and result travel through the task's result storage
+(``$CONDUCTOR_HOME/results``), so client and server share the conductor home; paths in the
+request (``--pool``, an adapter directory) are made absolute by the client.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from conductor.errors import ConductorError
+from conductor.home import conductor_home
+from flows.runtime import result_storage
+
+__all__ = [
+    "ServeError",
+    "Served",
+    "find_served",
+    "marker_path",
+    "serve",
+    "served_request",
+    "submit",
+]
+
+MARKER = "serve.json"
+# How often the client looks at the serving process while it waits for the answer.
+_POLL_S = 1.0
+
+
+class ServeError(ConductorError):
+    """``conductor serve`` cannot start, or the serving process did not answer."""
+
+
+@dataclass(frozen=True)
+class Served:
+    pid: int
+    api_url: str
+    started_at: float
+
+
+def marker_path() -> Path:
+    return conductor_home() / MARKER
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def find_served(api_url: str | None = None) -> Served | None:
+    """The serving process for this conductor home and Prefect API, if one is running."""
+    api_url = api_url if api_url is not None else os.environ.get("PREFECT_API_URL", "")
+    if not api_url:
+        return None
+    try:
+        data = json.loads(marker_path().read_text())
+        served = Served(int(data["pid"]), str(data["api_url"]), float(data["started_at"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if served.api_url.rstrip("/") != api_url.rstrip("/") or not _alive(served.pid):
+        return None
+    return served
+
+
+def _write_marker(api_url: str) -> Path:
+    path = marker_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "api_url": api_url, "started_at": time.time()}))
+    tmp.replace(path)  # atomic: a client never reads half a file
+    return path
+
+
+def _remove_marker(path: Path) -> None:
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+@task(
+    name="conductor-request",
+    cache_policy=NO_CACHE,
+    persist_result=True,
+    result_storage=result_storage(),
+    result_serializer="json",
+)
+def served_request(request: dict[str, Any], best_of: bool = False) -> dict[str, Any]:
+    """Run one ``conductor run`` request in this (warm) process; the RunResult as JSON."""
+    from conductor.requests import OrchestrateRequest, RunResult
+
+    if best_of:
+        from flows.best_of_n import best_of_n as flow
+    else:
+        from flows.orchestrate import orchestrate as flow
+    state = flow(OrchestrateRequest.model_validate(request), return_state=True)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, RunResult):
+        return result.model_dump(mode="json")
+    message = str(result).strip().splitlines()[0] if isinstance(result, BaseException) else ""
+    raise ServeError(message or state.message or "the run crashed")
+
+
+def warm(pool: Any) -> list[str]:
+    """Load every local model of ``pool`` with one short completion; the models warmed."""
+    from conductor.llm import complete
+
+    warmed = []
+    endpoints = [pool.conductor, *pool.workers]
+    for endpoint in endpoints:
+        if endpoint.model.startswith("local/") and endpoint.model not in warmed:
+            complete(endpoint, [{"role": "user", "content": "Hi"}], max_tokens=1)
+            warmed.append(endpoint.model)
+    return warmed
+
+
+def serve(pool: Any, limit: int = 4, on_ready: Any = None) -> None:
+    """Warm up, advertise this process in the conductor home, and serve until stopped."""
+    from prefect.task_worker import serve as serve_tasks
+
+    api_url = os.environ.get("PREFECT_API_URL", "")
+    if not api_url:
+        raise ServeError(
+            "conductor serve needs a running Prefect server: start one with "
+            "`prefect server start` and export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+    other = find_served(api_url)
+    if other is not None and other.pid != os.getpid():
+        raise ServeError(
+            f"conductor serve is already running for {conductor_home()} (pid {other.pid})"
+        )
+    started = time.perf_counter()
+    import flows.orchestrate  # noqa: F401 - the engine, imported before the first request
+
+    warmed = warm(pool)
+    path = _write_marker(api_url)
+    atexit.register(_remove_marker, path)
+    # SIGTERM (a process manager, `kill`) stops as Ctrl-C does, so the marker goes too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if on_ready is not None:
+        on_ready(warmed, time.perf_counter() - started)
+    # The request's own task-run lines ("Finished in state ...") have no flow run to go to;
+    # the flow run it starts logs to the API as usual.
+    warnings.filterwarnings("ignore", message=r"Logger 'prefect\.task_runs' attempted to send")
+    try:
+        serve_tasks(served_request, limit=limit)
+    finally:
+        _remove_marker(path)
+
+
+def _absolute(value: str | None) -> str | None:
+    """A path that exists here, made absolute for a process in another directory."""
+    if value and not value.startswith("models:/") and Path(value).expanduser().exists():
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
+def submit(request: Any, served: Served, best_of: bool = False) -> Any:
+    """Send ``request`` to the serving process and wait for its RunResult."""
+    from conductor.requests import RunResult
+
+    payload = request.model_copy(
+        update={"pool": _absolute(request.pool), "conductor": _absolute(request.conductor)}
+    ).model_dump(mode="json")
+    future = served_request.delay(payload, best_of)
+    while True:
+        future.wait(timeout=_POLL_S)
+        state = future.state
+        if state.is_final():
+            break
+        if not _alive(served.pid):
+            raise ServeError(f"conductor serve (pid {served.pid}) stopped before answering")
+    result = future.result(raise_on_failure=False)
+    if not state.is_completed() or isinstance(result, BaseException):
+        message = str(result).strip() if isinstance(result, BaseException) else state.message
+        raise ServeError(message or f"the served run ended {state.name}")
+    return RunResult.model_validate(result)
