@@ -184,7 +184,8 @@ def serve(
         models = ", ".join(warmed) or "no local model"
         print(
             f"conductor serve: ready in {seconds:.1f} s ({models} loaded); "
-            f"`conductor run` in {marker_path().parent} now runs here. Ctrl-C stops.",
+            f"`conductor run` with CONDUCTOR_HOME={marker_path().parent} and this "
+            "PREFECT_API_URL now runs here. Ctrl-C stops.",
             file=sys.stderr,
             flush=True,
         )
@@ -451,8 +452,9 @@ def main() -> None:
 
 def _runtime_errors() -> tuple[type[BaseException], ...]:
     from conductor.errors import StoreError, WorkerError
+    from flows.serve import ServeError
 
-    return (WorkerError, StoreError)
+    return (WorkerError, StoreError, ServeError)
 
 
 if __name__ == "__main__":
