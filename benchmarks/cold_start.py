@@ -10,7 +10,9 @@ Each sample is a fresh process, as a user's command is, in three settings:
   the samples, not timed in them): ``conductor run`` hands its request to that warm process.
 
 The first worker call's time is the ``started_at`` of the run's first step in the Parquet
-store (``conductor run --json`` names the run and the store). By default the pool is the
+store (``conductor run --json`` names the run and the store). With a running server, where
+the seconds go is read back from the Prefect API: when the flow run started, and when its
+planning task started and ended (medians, seconds from launch). By default the pool is the
 embedded one (the trained conductor plans with SmolLM2, loaded from the converted-weights
 cache under ``$CONDUCTOR_HOME/models``, so the figure includes planning). ``--tool-only``
 uses a pool whose conductor is a mock-answered litellm model writing a one-step plan for the
@@ -111,10 +113,35 @@ def _conductor_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "flows.cli"]
 
 
+def _api(url: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read())
+
+
+def _stamp(value: str | None) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def phases(api_url: str, run_id: str, t0: float) -> dict[str, float]:
+    """Seconds from launch to the flow run's start and to the planning task's start and end,
+    read from the Prefect API (a running server keeps them)."""
+    flow_run = _api(f"{api_url}/flow_runs/{run_id}")
+    tasks = _api(f"{api_url}/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
+    plan = next((t for t in tasks if t["name"].startswith("plan")), None)
+    stamps = {
+        "flow_run_start": _stamp(flow_run.get("start_time")),
+        "plan_start": _stamp(plan and plan.get("start_time")),
+        "plan_end": _stamp(plan and plan.get("end_time")),
+    }
+    return {name: value - t0 for name, value in stamps.items() if value is not None}
+
+
 def conductor_sample(
     env: dict[str, str], cwd: Path, pool: Path | None, served: bool = False
-) -> tuple[float, float]:
-    """(seconds to the first worker call, seconds for the whole command)."""
+) -> tuple[float, float, dict[str, float]]:
+    """(seconds to the first worker call, seconds for the whole command, phases)."""
     from conductor.store import ArtifactStore
 
     cmd = [*_conductor_cmd(), "run", QUESTION, "--json"]
@@ -133,7 +160,8 @@ def conductor_sample(
     if mine.empty:
         raise SystemExit(f"run {result['run_id']} stored no step")
     first = min(mine["started_at"]).to_pydatetime().timestamp()
-    return first - t0, total
+    api = env.get("PREFECT_API_URL")
+    return first - t0, total, phases(api, result["run_id"], t0) if api else {}
 
 
 def baseline_sample(env: dict[str, str], cwd: Path) -> tuple[float, float]:
@@ -242,13 +270,20 @@ class Serve:
                 self.proc.wait(timeout=10)
 
 
-def _summary(samples: list[tuple[float, float]], load: list[float]) -> dict[str, Any]:
-    return {
+def _summary(samples: list[tuple[Any, ...]], load: list[float]) -> dict[str, Any]:
+    out = {
         "first_call_s": round(statistics.median(s[0] for s in samples), 2),
         "total_s": round(statistics.median(s[1] for s in samples), 2),
         "samples": len(samples),
         "load_1m": round(statistics.mean(load), 2),
     }
+    timed = [s[2] for s in samples if len(s) > 2 and s[2]]
+    if timed:  # medians of each phase over the samples that have it
+        names = sorted({name for t in timed for name in t}, key=lambda n: timed[0].get(n, 0))
+        out["phases_s"] = {
+            n: round(statistics.median(t[n] for t in timed if n in t), 2) for n in names
+        }
+    return out
 
 
 def measure(
@@ -271,7 +306,7 @@ def measure(
             serve_ready_s = round(serve.wait(), 2)
         conductor_sample(env, cwd, pool, served)  # warm-up: Prefect's database, the model cache
         baseline_sample(env, cwd)
-        rows: dict[str, list[tuple[float, float]]] = {"conductor run": [], "bare prefect flow": []}
+        rows: dict[str, list[tuple[Any, ...]]] = {"conductor run": [], "bare prefect flow": []}
         load: dict[str, list[float]] = {"conductor run": [], "bare prefect flow": []}
         imports = []
         for _ in range(args.repeat):
@@ -367,6 +402,14 @@ def main() -> None:
         extra += f"; server start {r['server_start_s']:.2f} s" if "server_start_s" in r else ""
         extra += f"; serve ready {r['serve_ready_s']:.2f} s" if "serve_ready_s" in r else ""
         print(f"{setting}: conductor / baseline = {r['ratio']:.2f}x (+{r['added_s']:.2f} s){extra}")
+        if "phases_s" in r["conductor run"]:
+            p = r["conductor run"]["phases_s"]
+            print(
+                f"  conductor run phases (s from launch): flow run starts "
+                f"{p.get('flow_run_start', float('nan')):.2f}, plan "
+                f"{p.get('plan_start', float('nan')):.2f}-{p.get('plan_end', float('nan')):.2f}, "
+                f"first worker call {r['conductor run']['first_call_s']:.2f}"
+            )
     if "goal_met" in result:
         best = result["goal_setting"]
         first = result[best]["conductor run"]["first_call_s"]

@@ -9,15 +9,25 @@ temperature 0 with ``ignore_eos``, so each request makes exactly ``--max-tokens`
 - concurrent8:  the same eight prompts from eight threads at once (micro-batched).
 
 speedup = concurrent8 / single, the target being >= 3x; concurrent8 / sequential8 is printed
-too. Cold load runs in subprocesses with a fresh ``$CONDUCTOR_HOME``: the first converts the
-GGUF and writes the cache, the second reads the cache (target <= 5 s, model load only; the
-imports are reported apart). The 1-minute load average is printed next to every figure: on a
-shared 2-core machine other work moves these numbers a lot.
+too.
+
+plan (issue #10): the embedded trained conductor writes the plan for ``--plans`` arithmetic
+test questions, one at a time, as ``conductor run`` and ``conductor serve`` do; each question
+twice, interleaved: without prompt-prefix reuse (the baseline: the whole prompt computed)
+and with it (the pool's system prompt kept from an earlier request, only the question
+computed; ``conductor._prefix_cache``). Reports median seconds per plan, the prompt tokens
+reused, and whether both wrote the same plan text.
+
+Cold load runs in subprocesses with a fresh ``$CONDUCTOR_HOME``: the first converts the GGUF
+and writes the cache, the second reads the cache (target <= 5 s, model load only; the imports
+are reported apart). The 1-minute load average is printed next to every figure: on a shared
+2-core machine other work moves these numbers a lot.
 
 Anchors measured earlier on 2 cores, fp32: 19.8 tok/s for one stream, 81.6 tok/s for 8 prompts
 batched by hand, 23.4 s for the first GGUF load.
 
-    python benchmarks/local_inference.py [--max-tokens 64] [--repeat 1] [--skip-load] [--json]
+    python benchmarks/local_inference.py [--max-tokens 64] [--repeat 1] [--plans 8] [--skip-load]
+                                         [--json]
 """
 
 from __future__ import annotations
@@ -151,6 +161,51 @@ def throughput(max_tokens: int, repeat: int) -> dict[str, Any]:
     }
 
 
+def plans(count: int) -> dict[str, Any]:
+    """Seconds per plan of the embedded conductor, without and with prompt-prefix reuse."""
+    import statistics
+
+    from conductor.adapters import EMBEDDED_ADAPTER
+    from conductor.datasets import load_dataset
+    from conductor.local_model import LocalModelRegistry
+    from conductor.pool import load_pool
+    from conductor.prompts import conductor_messages
+
+    pool = load_pool(None)
+    model = LocalModelRegistry.get(EMBEDDED_ADAPTER)
+    kept = model.prefix_cache
+    questions = [e.question for e in load_dataset("arithmetic", split="test", limit=count + 1)]
+    params = {"max_tokens": int(pool.conductor.params.get("max_tokens", 256)), "temperature": 0.0}
+
+    def plan(question: str, reuse: bool) -> tuple[float, str, int]:
+        model.prefix_cache = kept if reuse else None
+        before = kept.stats.reused_tokens
+        start = time.perf_counter()
+        out = model.generate(conductor_messages(question, pool), **params)
+        return time.perf_counter() - start, out.text, kept.stats.reused_tokens - before
+
+    plan(questions[0], reuse=True)  # warm-up, as `conductor serve` does: keeps the prompt
+    rows = []
+    try:
+        for question in questions[1:]:
+            full_s, full_text, _ = plan(question, reuse=False)
+            reuse_s, reuse_text, reused = plan(question, reuse=True)
+            rows.append((full_s, reuse_s, reused, full_text == reuse_text))
+    finally:
+        model.prefix_cache = kept
+    full = statistics.median(r[0] for r in rows)
+    reused = statistics.median(r[1] for r in rows)
+    return {
+        "plans": len(rows),
+        "full_prefill_s": round(full, 2),
+        "prefix_reuse_s": round(reused, 2),
+        "speedup": round(full / reused, 2),
+        "reused_tokens": statistics.median(r[2] for r in rows),
+        "same_text": sum(r[3] for r in rows),
+        "load1": load1(),
+    }
+
+
 def median_round(samples: list[dict[str, float]]) -> dict[str, float]:
     ordered = sorted(samples, key=lambda s: s["tok_s"])
     return {**ordered[len(ordered) // 2], "load1": max(s["load1"] for s in samples)}
@@ -161,6 +216,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds; medians")
     ap.add_argument("--skip-load", action="store_true", help="no cold-load subprocesses")
+    ap.add_argument("--plans", type=int, default=8, help="conductor plans timed (0: none)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -174,6 +230,8 @@ def main() -> None:
             result["cached"] = cold_load(home)  # reads the cache
             os.environ["CONDUCTOR_HOME"] = str(home)  # this process loads from that cache too
         result.update(throughput(args.max_tokens, args.repeat))
+        if args.plans:
+            result["plan"] = plans(args.plans)
 
     single = result["single"]["tok_s"]
     result["single_tok_s"] = single
@@ -212,6 +270,14 @@ def main() -> None:
         f"(>= {SPEEDUP_TARGET:g}x: {'PASS' if targets['speedup'] else 'FAIL'}); "
         f"{result['speedup_vs_sequential8']:.2f}x over sequential8"
     )
+    if "plan" in result:
+        r = result["plan"]
+        print(
+            f"conductor plan, median of {r['plans']}: {r['full_prefill_s']:.2f} s with the whole "
+            f"prompt computed, {r['prefix_reuse_s']:.2f} s with its prefix reused "
+            f"({r['reused_tokens']:.0f} tokens; {r['speedup']:.2f}x; same plan text "
+            f"{r['same_text']}/{r['plans']}; load {r['load1']:.2f})"
+        )
     if not args.skip_load:
         verdict = "PASS" if targets["cached_load"] else "FAIL"
         print(

@@ -65,6 +65,8 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from conductor._prefix_cache import PrefixCache, cache_kwarg, returned_cache
+
 __all__ = [
     "BatchStats",
     "Completion",
@@ -343,9 +345,17 @@ class _MinTokens(LogitsProcessor):
 
 
 def generate_group(
-    model: PreTrainedModel, tok: PreTrainedTokenizerBase, requests: list[GenerationRequest]
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    requests: list[GenerationRequest],
+    prefix_cache: PrefixCache | None = None,
 ) -> list[Completion]:
-    """One ``model.generate`` for requests that share sampling parameters."""
+    """One ``model.generate`` for requests that share sampling parameters.
+
+    With a ``prefix_cache`` (conductor._prefix_cache), the rows start from the kept states of
+    a prompt that begins as theirs do, or from the prefix they all share, computed once; a
+    lone request's whole prompt is kept for the next.
+    """
     # Tokenizing here, in the one thread running the batch: a fast tokenizer shared by
     # threads can fail with "Already borrowed".
     prompts = [
@@ -354,30 +364,32 @@ def generate_group(
         ]
         for r in requests
     ]
-    # Left padding by hand (same as padding_side="left", without mutating a tokenizer
-    # other code shares): every row's last prompt token is in the last column.
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    width = max(len(p) for p in prompts)
-    device = model.device
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-
     first = requests[0]
-    do_sample = first.temperature > 0  # temperature 0 means greedy, hence deterministic
-    config = GenerationConfig(
-        max_new_tokens=max(r.max_tokens for r in requests),
-        do_sample=do_sample,
-        temperature=first.temperature if do_sample else None,
-        top_p=first.top_p if do_sample else None,
-        top_k=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=pad,
-    )
-    ends = _RowEnds(tok, width, requests)
-    processors = LogitsProcessorList()
-    if any(r.min_tokens for r in requests):
-        processors.append(_MinTokens(tok.eos_token_id, width, [r.min_tokens for r in requests]))
     with torch.inference_mode():
+        # Rows that start with kept or shared prompt states begin there (``prefix_cache``):
+        # [prefix][pad][rest of the prompt]; without: [pad][prompt]. Either way every row's
+        # last prompt token is in the last column, and the padding is masked out.
+        start, cached = (0, None) if prefix_cache is None else prefix_cache.start(model, prompts)
+        input_ids, mask = _left_padded(tok, prompts, start, model.device)
+        width = input_ids.shape[1]
+        do_sample = first.temperature > 0  # temperature 0 means greedy, hence deterministic
+        lone = prefix_cache if len(requests) == 1 else None  # its whole prompt is kept after
+        config = GenerationConfig(
+            max_new_tokens=max(r.max_tokens for r in requests),
+            do_sample=do_sample,
+            temperature=first.temperature if do_sample else None,
+            top_p=first.top_p if do_sample else None,
+            top_k=None,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=_pad_id(tok),
+            return_dict_in_generate=lone is not None,  # the cache comes back with the tokens
+        )
+        ends = _RowEnds(tok, width, requests)
+        processors = LogitsProcessorList()
+        if any(r.min_tokens for r in requests):
+            minimums = [r.min_tokens for r in requests]
+            processors.append(_MinTokens(tok.eos_token_id, width, minimums))
+        extra = {cache_kwarg(model): cached} if cached is not None else {}
         if first.seed is not None:  # a seeded request is alone in its group
             torch.manual_seed(first.seed)
         out = model.generate(
@@ -386,12 +398,36 @@ def generate_group(
             generation_config=config,
             stopping_criteria=StoppingCriteriaList([ends]),
             logits_processor=processors,
+            **extra,
         )
+        if lone is not None:
+            lone.store(prompts[0], returned_cache(out))
+            out = out.sequences
     new = out[:, width:].tolist()  # [rows][group max_tokens or fewer]
     return [
         _completion(tok, r, len(p), row[: end if end is not None else len(row)])
         for r, p, row, end in zip(requests, prompts, new, ends.ends, strict=True)
     ]
+
+
+def _pad_id(tok: PreTrainedTokenizerBase) -> int:
+    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+
+def _left_padded(
+    tok: PreTrainedTokenizerBase, prompts: list[list[int]], start: int, device: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask): each prompt's first ``start`` tokens (the same in every
+    row), then padding, then the rest, so all rows end in the last column. Padding by hand
+    (as padding_side="left" would, without mutating a tokenizer other code shares)."""
+    pad = _pad_id(tok)
+    width = max(len(p) for p in prompts) - start
+    ids, mask = [], []
+    for p in prompts:
+        gap = width - (len(p) - start)
+        ids.append(p[:start] + [pad] * gap + p[start:])
+        mask.append([1] * start + [0] * gap + [1] * (len(p) - start))
+    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
 
 
 def _completion(

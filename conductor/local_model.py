@@ -11,7 +11,9 @@ takes that copy when the checksum matches and rebuilds it otherwise.
 Each model is loaded once per process, on first use, and shared by all threads. Concurrent
 requests to one model are micro-batched (issue #3): gathered for a few milliseconds, grouped by
 sampling parameters and run as one left-padded ``generate`` call, each request ending at its
-own ``max_tokens``, EOS or stop string. Loads and ``generate`` calls all run on one model
+own ``max_tokens``, EOS or stop string. A lone request starts from the kept states of an
+earlier prompt that begins as its own does (the conductor's system prompt is the same for
+every question; ``conductor._prefix_cache``). Loads and ``generate`` calls all run on one model
 thread (:class:`~conductor._batching.ModelThread`, which explains why), whichever thread asked.
 
 Optional params beyond OpenAI's: ``min_tokens`` and ``ignore_eos`` (as in vLLM).
@@ -55,6 +57,7 @@ from conductor._batching import (
     group_key,
 )
 from conductor._litellm import fill_response, litellm, register_provider
+from conductor._prefix_cache import PrefixCache
 from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
 from conductor.errors import WorkerError
 from conductor.home import models_dir
@@ -149,6 +152,8 @@ class LocalModel:
         # The LoRA adapter this model applies (a trained conductor), or None for the plain
         # base. A base that adapters were attached to runs with every adapter disabled.
         self.adapter = adapter
+        # Prompt states of recent lone requests (the conductor's system prompt, mainly).
+        self.prefix_cache = PrefixCache()
         self._batcher: MicroBatcher[GenerationRequest, Completion] = MicroBatcher(
             self._generate_group,
             group_key,
@@ -194,7 +199,7 @@ class LocalModel:
         # On the model thread: nothing else touches the shared model while the adapter is
         # switched, so the base and every adapter take turns on one copy of the weights.
         with adapter_scope(self.model, self.adapter):
-            return generate_group(self.model, self.tokenizer, requests)
+            return generate_group(self.model, self.tokenizer, requests, self.prefix_cache)
 
 
 def gguf_path() -> Path:

@@ -4,8 +4,10 @@ A fresh ``conductor run`` pays, before its first worker call, for importing lite
 the 2-core machine), torch and transformers, and for loading the local model. ``conductor
 serve`` pays that once: it is a Prefect **task worker** (``prefect.task_worker.serve``) that
 has imported the engine and loaded every local model of its pool (one short completion per
-model). ``conductor run``, when it finds one, submits its request as a background task run
-(``Task.delay``) and waits for its result; the command itself then imports only Prefect.
+model; the conductor's with its planning prompt, so that the prompt's system part is kept and
+never computed again, ``conductor._prefix_cache``). ``conductor run``, when it finds one,
+submits its request as a background task run (``Task.delay``) and waits for its result; the
+command itself then imports only Prefect.
 
 The served task calls the ``orchestrate`` flow (or ``best-of-n``) in the serving process, so
 the run is the same Prefect flow run with the same artifacts, Parquet rows and persisted
@@ -139,14 +141,23 @@ def served_request(request: dict[str, Any], best_of: bool = False) -> dict[str, 
 
 
 def warm(pool: Any) -> list[str]:
-    """Load every local model of ``pool`` with one short completion; the models warmed."""
+    """Load every local model of ``pool`` with one short completion; the models warmed.
+
+    The conductor is warmed with its real planning prompt, so its system prompt's states are
+    kept (``conductor._prefix_cache``) and the first request computes only its question.
+    """
     from conductor.llm import complete
+    from conductor.prompts import conductor_messages
 
     warmed = []
     endpoints = [pool.conductor, *pool.workers]
     for endpoint in endpoints:
         if endpoint.model.startswith("local/") and endpoint.model not in warmed:
-            complete(endpoint, [{"role": "user", "content": "Hi"}], max_tokens=1)
+            if endpoint is pool.conductor:
+                messages = conductor_messages("What is 1 + 1?", pool)
+            else:
+                messages = [{"role": "user", "content": "Hi"}]
+            complete(endpoint, messages, max_tokens=1)
             warmed.append(endpoint.model)
     return warmed
 
