@@ -1,13 +1,16 @@
 """Cold start of ``conductor run``: seconds from launching the command to its first worker call.
 
-Each sample is a fresh process, as a user's command is, in three settings:
+Each sample is a fresh process, as a user's command is, in these settings:
 
 - ``ephemeral``: no ``PREFECT_API_URL``; Prefect starts a temporary server in the command;
 - ``server``: ``PREFECT_API_URL`` points at a ``prefect server start`` that this script starts
   on a free port before the samples and stops at the end (the README's "keep a local server
   running" setup), each ``conductor run`` a fresh process that runs the flow itself;
 - ``served``: the same running server plus ``conductor serve`` (started and warmed before
-  the samples, not timed in them): ``conductor run`` hands its request to that warm process.
+  the samples, not timed in them): ``conductor run`` hands its request to that warm process;
+- ``served-whole-prompt`` (on request): ``served`` with ``CONDUCTOR_PREFIX_CACHE=0``, so the
+  serving process computes the conductor's whole prompt for every plan: the baseline of
+  prompt-prefix reuse (``conductor._prefix_cache``).
 
 The first worker call's time is the ``started_at`` of the run's first step in the Parquet
 store (``conductor run --json`` names the run and the store). With a running server, where
@@ -54,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 QUESTION = "What is 17 + 25?"
 GOAL_S = 6.0
+SETTINGS = ("ephemeral", "server", "served", "served-whole-prompt")
 TOOL_POOL = """\
 conductor:
   model: openai/gpt-4o-mini
@@ -293,16 +297,18 @@ def measure(
     prefect_home.mkdir()
     server = serve = None
     server_start_s = serve_ready_s = None
-    served = setting == "served"
+    served = setting.startswith("served")
     try:
-        if setting in ("server", "served"):
+        if setting != "ephemeral":
             server = LocalServer(prefect_home, work / f"server-{setting}.log")
             server_start_s = round(server.wait(), 2)
         env = _env(home, prefect_home, server.api if server else None)
+        if setting == "served-whole-prompt":
+            env["CONDUCTOR_PREFIX_CACHE"] = "0"
         cwd = work / f"cwd-{setting}"
         cwd.mkdir()
         if served:
-            serve = Serve(env, cwd, pool, work / "serve.log")
+            serve = Serve(env, cwd, pool, work / f"serve-{setting}.log")
             serve_ready_s = round(serve.wait(), 2)
         conductor_sample(env, cwd, pool, served)  # warm-up: Prefect's database, the model cache
         baseline_sample(env, cwd)
@@ -346,7 +352,8 @@ def main() -> None:
     ap.add_argument(
         "--settings",
         default="ephemeral,server,served",
-        help="Any of ephemeral, server, served (a running server and `conductor serve`).",
+        help="Any of ephemeral, server, served (a running server and `conductor serve`), "
+        "served-whole-prompt (served without prompt-prefix reuse).",
     )
     ap.add_argument(
         "--home",
@@ -358,8 +365,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = ap.parse_args()
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
-    if not settings or not set(settings) <= {"ephemeral", "server", "served"}:
-        ap.error("--settings takes ephemeral, server, served (comma-separated)")
+    if not settings or not set(settings) <= set(SETTINGS):
+        ap.error(f"--settings takes {', '.join(SETTINGS)} (comma-separated)")
 
     result: dict[str, Any] = {
         "pool": "tool-only (mock conductor, calculator)" if args.tool_only else "embedded",
@@ -375,7 +382,7 @@ def main() -> None:
             pool.write_text(TOOL_POOL)
         for setting in settings:
             result[setting] = measure(setting, args, work, home, pool)
-    running = [s for s in ("server", "served") if s in result]
+    running = [s for s in ("server", "served") if s in result]  # the product as it ships
     if running:  # the goal's setting: a running server; the best way to run against it
         best = min(running, key=lambda s: result[s]["conductor run"]["first_call_s"])
         result["goal_setting"] = best

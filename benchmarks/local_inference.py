@@ -16,7 +16,9 @@ test questions, one at a time, as ``conductor run`` and ``conductor serve`` do; 
 twice, interleaved: without prompt-prefix reuse (the baseline: the whole prompt computed)
 and with it (the pool's system prompt kept from an earlier request, only the question
 computed; ``conductor._prefix_cache``). Reports median seconds per plan, the prompt tokens
-reused, and whether both wrote the same plan text.
+reused, and whether both wrote the same plan text. Then the same questions all at once from
+as many threads (one micro-batch): every prompt computed, against their shared prefix
+computed once (in a cache that kept nothing before).
 
 Cold load runs in subprocesses with a fresh ``$CONDUCTOR_HOME``: the first converts the GGUF
 and writes the cache, the second reads the cache (target <= 5 s, model load only; the imports
@@ -165,6 +167,7 @@ def plans(count: int) -> dict[str, Any]:
     """Seconds per plan of the embedded conductor, without and with prompt-prefix reuse."""
     import statistics
 
+    from conductor._prefix_cache import PrefixCache
     from conductor.adapters import EMBEDDED_ADAPTER
     from conductor.datasets import load_dataset
     from conductor.local_model import LocalModelRegistry
@@ -173,7 +176,7 @@ def plans(count: int) -> dict[str, Any]:
 
     pool = load_pool(None)
     model = LocalModelRegistry.get(EMBEDDED_ADAPTER)
-    kept = model.prefix_cache
+    kept = model.prefix_cache if model.prefix_cache is not None else PrefixCache()
     questions = [e.question for e in load_dataset("arithmetic", split="test", limit=count + 1)]
     params = {"max_tokens": int(pool.conductor.params.get("max_tokens", 256)), "temperature": 0.0}
 
@@ -195,6 +198,26 @@ def plans(count: int) -> dict[str, Any]:
         model.prefix_cache = kept
     full = statistics.median(r[0] for r in rows)
     reused = statistics.median(r[1] for r in rows)
+
+    def together(cache: Any) -> tuple[float, list[str]]:
+        """All the questions at once from as many threads (one micro-batch)."""
+        model.prefix_cache = cache
+        barrier = threading.Barrier(len(questions) - 1)
+
+        def one(question: str) -> str:
+            barrier.wait()
+            return model.generate(conductor_messages(question, pool), **params).text
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(questions) - 1) as threads:
+            texts = list(threads.map(one, questions[1:]))
+        return time.perf_counter() - start, texts
+
+    try:  # the batch's shared prefix computed once, in a cache that kept nothing before
+        batch_full_s, batch_full = together(None)
+        batch_reuse_s, batch_reuse = together(PrefixCache())
+    finally:
+        model.prefix_cache = kept
     return {
         "plans": len(rows),
         "full_prefill_s": round(full, 2),
@@ -202,6 +225,10 @@ def plans(count: int) -> dict[str, Any]:
         "speedup": round(full / reused, 2),
         "reused_tokens": statistics.median(r[2] for r in rows),
         "same_text": sum(r[3] for r in rows),
+        "batch_full_prefill_s": round(batch_full_s, 2),
+        "batch_prefix_reuse_s": round(batch_reuse_s, 2),
+        "batch_speedup": round(batch_full_s / batch_reuse_s, 2),
+        "batch_same_text": sum(a == b for a, b in zip(batch_full, batch_reuse, strict=True)),
         "load1": load1(),
     }
 
@@ -277,6 +304,11 @@ def main() -> None:
             f"prompt computed, {r['prefix_reuse_s']:.2f} s with its prefix reused "
             f"({r['reused_tokens']:.0f} tokens; {r['speedup']:.2f}x; same plan text "
             f"{r['same_text']}/{r['plans']}; load {r['load1']:.2f})"
+        )
+        print(
+            f"the {r['plans']} plans at once: {r['batch_full_prefill_s']:.2f} s with every prompt "
+            f"computed, {r['batch_prefix_reuse_s']:.2f} s with their shared prefix computed once "
+            f"({r['batch_speedup']:.2f}x; same plan text {r['batch_same_text']}/{r['plans']})"
         )
     if not args.skip_load:
         verdict = "PASS" if targets["cached_load"] else "FAIL"

@@ -78,6 +78,7 @@ __all__ = [
     "load_cached",
     "load_weights",
     "model_torch_threads",
+    "prefix_reuse",
     "torch_threads",
 ]
 
@@ -106,6 +107,12 @@ def torch_threads(cores: int, env: Mapping[str, str]) -> int | None:
     if env.get("OMP_NUM_THREADS") or torch.cuda.is_available():
         return None
     return max(1, cores - 1)
+
+
+def prefix_reuse(env: Mapping[str, str]) -> bool:
+    """Whether local models reuse kept prompt prefixes: yes unless ``CONDUCTOR_PREFIX_CACHE``
+    is ``0``, ``false``, ``no`` or ``off``."""
+    return env.get("CONDUCTOR_PREFIX_CACHE", "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
 def _set_torch_threads() -> None:
@@ -152,8 +159,9 @@ class LocalModel:
         # The LoRA adapter this model applies (a trained conductor), or None for the plain
         # base. A base that adapters were attached to runs with every adapter disabled.
         self.adapter = adapter
-        # Prompt states of recent lone requests (the conductor's system prompt, mainly).
-        self.prefix_cache = PrefixCache()
+        # Kept prompt prefixes (the conductor's system prompt, mainly); None computes every
+        # prompt whole, as CONDUCTOR_PREFIX_CACHE=0 asks (benchmarks' baseline, debugging).
+        self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_reuse(os.environ) else None
         self._batcher: MicroBatcher[GenerationRequest, Completion] = MicroBatcher(
             self._generate_group,
             group_key,

@@ -56,8 +56,10 @@ __all__ = [
 ]
 
 MARKER = "serve.json"
-# How often the client looks at the serving process while it waits for the answer.
+# How often the client looks at the serving process while it waits for the answer, and at
+# a task run the API has not given a state yet.
 _POLL_S = 1.0
+_PENDING_POLL_S = 0.05
 
 
 class ServeError(ConductorError):
@@ -205,21 +207,39 @@ def _absolute(value: str | None) -> str | None:
 
 def submit(request: Any, served: Served, best_of: bool = False) -> Any:
     """Send ``request`` to the serving process and wait for its RunResult."""
+    import httpx
+
     from conductor.requests import RunResult
 
     payload = request.model_copy(
         update={"pool": _absolute(request.pool), "conductor": _absolute(request.conductor)}
     ).model_dump(mode="json")
-    future = served_request.delay(payload, best_of)
-    while True:
-        future.wait(timeout=_POLL_S)
-        state = future.state
-        if state.is_final():
-            break
-        if not _alive(served.pid):
-            raise ServeError(f"conductor serve (pid {served.pid}) stopped before answering")
-    result = future.result(raise_on_failure=False)
+    try:
+        future = served_request.delay(payload, best_of)
+        state = _wait(future, served)
+        result = future.result(raise_on_failure=False)
+    except httpx.HTTPError as exc:  # the server went away, or answered with an error
+        raise ServeError(
+            f"the Prefect API at {served.api_url} failed while conductor serve (pid "
+            f"{served.pid}) ran the request: {type(exc).__name__}: {exc}"
+        ) from exc
     if not state.is_completed() or isinstance(result, BaseException):
         message = str(result).strip() if isinstance(result, BaseException) else state.message
         raise ServeError(message or f"the served run ended {state.name}")
     return RunResult.model_validate(result)
+
+
+def _wait(future: Any, served: Served) -> Any:
+    """The final state of the served task run; fails when the serving process dies first."""
+    while True:
+        state = future.state  # Pending while the API has no state for the run yet
+        if state.is_final():
+            return state
+        if not _alive(served.pid):
+            raise ServeError(f"conductor serve (pid {served.pid}) stopped before answering")
+        if state.is_pending():
+            # Just created: Prefect's own wait() raises "has no state" for a task run whose
+            # state the API has not recorded yet (seen in benchmarks/cold_start.py, 2 cores).
+            time.sleep(_PENDING_POLL_S)
+            continue
+        future.wait(timeout=_POLL_S)

@@ -257,3 +257,20 @@ def test_serve_warms_the_conductor_with_its_planning_prompt(model, tokenizer) ->
         assert served.prefix_cache.stats.reused_tokens >= len(system_only)
     finally:
         LocalModelRegistry.remove("tiny-conductor")
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [(None, True), ("1", True), ("yes", True), ("0", False), ("off", False), (" False ", False)],
+)
+def test_conductor_prefix_cache_turns_reuse_off(model, tokenizer, monkeypatch, value, on) -> None:
+    from conductor.local_model import prefix_reuse
+
+    if value is None:
+        monkeypatch.delenv("CONDUCTOR_PREFIX_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("CONDUCTOR_PREFIX_CACHE", value)
+    assert prefix_reuse(os.environ) is on
+    served = LocalModel(model, tokenizer)
+    assert (served.prefix_cache is not None) is on
+    served.generate(request(QUESTIONS[0]).messages, max_tokens=2)  # works either way

@@ -46,10 +46,14 @@ def test_another_api_is_not_ours(home):
     assert serve.find_served() is None
 
 
-def test_a_dead_process_is_ignored(home):
+def _dead_pid() -> int:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    _marker(home, int(gone.stdout))
+    return int(gone.stdout)
+
+
+def test_a_dead_process_is_ignored(home):
+    _marker(home, _dead_pid())
     assert serve.find_served() is None
 
 
@@ -90,3 +94,79 @@ def test_request_paths_become_absolute_for_the_serving_process(tmp_path, monkeyp
     assert serve._absolute("models:/conductor@champion") == "models:/conductor@champion"
     assert serve._absolute("no-such-file.yaml") == "no-such-file.yaml"  # the server says so
     assert serve._absolute(None) is None
+
+
+class _Future:
+    """A served task run's future: ``states`` in turn; wait() raises, as Prefect's does, for a
+    run the API has no state for yet (Pending here)."""
+
+    def __init__(self, states, result=None):
+        self.states = list(states)
+        self.waits = 0
+        self._result = result
+
+    @property
+    def state(self):
+        return self.states[0] if len(self.states) == 1 else self.states.pop(0)
+
+    def wait(self, timeout=None):
+        if self.states[0].is_pending():
+            raise RuntimeError("Task run x has no state which means it hasn't started yet.")
+        self.waits += 1
+
+    def result(self, raise_on_failure=True):
+        return self._result
+
+
+def _request():
+    from conductor.requests import OrchestrateRequest
+
+    return OrchestrateRequest(question="What is 17 + 25?")
+
+
+def _run_result():
+    return {
+        "run_id": "r1",
+        "status": "completed",
+        "answer": "42",
+        "workflow": [],
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cost_usd": 0.0,
+        "wall_s": 0.1,
+        "artifacts": "/tmp/a",
+        "format_valid": True,
+    }
+
+
+def test_submit_waits_out_a_task_run_the_api_has_no_state_for_yet(home, monkeypatch):
+    from prefect.states import Completed, Pending, Running, Scheduled
+
+    future = _Future([Pending(), Pending(), Scheduled(), Running(), Completed()], _run_result())
+    monkeypatch.setattr(serve.served_request, "delay", lambda *a: future)
+    monkeypatch.setattr(serve, "_PENDING_POLL_S", 0.0)
+    result = serve.submit(_request(), serve.Served(os.getpid(), API, 0.0))
+    assert result.answer == "42"
+    assert future.waits == 2  # only once the run had a state: Scheduled, then Running
+
+
+def test_submit_fails_in_one_line_when_the_server_dies_or_the_api_fails(home, monkeypatch):
+    import httpx
+    from prefect.states import Failed, Scheduled
+
+    dead = serve.Served(_dead_pid(), API, 0.0)
+    monkeypatch.setattr(serve.served_request, "delay", lambda *a: _Future([Scheduled()]))
+    with pytest.raises(serve.ServeError, match="stopped before answering"):
+        serve.submit(_request(), dead)
+
+    def unreachable(*args):
+        raise httpx.ConnectError("All connection attempts failed")
+
+    monkeypatch.setattr(serve.served_request, "delay", unreachable)
+    with pytest.raises(serve.ServeError, match=f"Prefect API at {API} failed.*ConnectError"):
+        serve.submit(_request(), serve.Served(os.getpid(), API, 0.0))
+
+    failed = _Future([Failed(message="calculator: no arithmetic expression")])
+    monkeypatch.setattr(serve.served_request, "delay", lambda *a: failed)
+    with pytest.raises(serve.ServeError, match="no arithmetic expression"):
+        serve.submit(_request(), serve.Served(os.getpid(), API, 0.0))
