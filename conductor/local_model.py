@@ -206,8 +206,21 @@ class LocalModel:
     def _run_group(self, requests: list[GenerationRequest]) -> list[Completion]:
         # On the model thread: nothing else touches the shared model while the adapter is
         # switched, so the base and every adapter take turns on one copy of the weights.
+        start = time.perf_counter()
+        reused = self.prefix_cache.stats.reused_tokens if self.prefix_cache is not None else 0
         with adapter_scope(self.model, self.adapter):
-            return generate_group(self.model, self.tokenizer, requests, self.prefix_cache)
+            out = generate_group(self.model, self.tokenizer, requests, self.prefix_cache)
+        if _log.isEnabledFor(logging.DEBUG):
+            now = self.prefix_cache.stats.reused_tokens if self.prefix_cache is not None else 0
+            _log.debug(
+                "generate: %d row(s), %d prompt tokens (%d reused), %d new, %.2f s",
+                len(out),
+                sum(c.prompt_tokens for c in out),
+                now - reused,
+                sum(c.completion_tokens for c in out),
+                time.perf_counter() - start,
+            )
+        return out
 
 
 def gguf_path() -> Path:

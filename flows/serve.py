@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -56,10 +57,10 @@ __all__ = [
 ]
 
 MARKER = "serve.json"
-# How often the client looks at the serving process while it waits for the answer, and at
-# a task run the API has not given a state yet.
+# While the client waits for the answer: how often it looks at the serving process, and how
+# often it reads the task run's state from the API (in case its terminal event was missed).
 _POLL_S = 1.0
-_PENDING_POLL_S = 0.05
+_CHECK_S = 5.0
 
 
 class ServeError(ConductorError):
@@ -230,16 +231,29 @@ def submit(request: Any, served: Served, best_of: bool = False) -> Any:
 
 
 def _wait(future: Any, served: Served) -> Any:
-    """The final state of the served task run; fails when the serving process dies first."""
-    while True:
-        state = future.state  # Pending while the API has no state for the run yet
-        if state.is_final():
-            return state
-        if not _alive(served.pid):
-            raise ServeError(f"conductor serve (pid {served.pid}) stopped before answering")
-        if state.is_pending():
-            # Just created: Prefect's own wait() raises "has no state" for a task run whose
-            # state the API has not recorded yet (seen in benchmarks/cold_start.py, 2 cores).
-            time.sleep(_PENDING_POLL_S)
-            continue
-        future.wait(timeout=_POLL_S)
+    """The final state of the served task run; fails when the serving process dies first.
+
+    The wait is Prefect's event subscription (``TaskRunWaiter``: the server pushes the task
+    run's terminal event over a websocket), checked every ``_POLL_S`` with no API call, and
+    the task run's state read from the API every ``_CHECK_S`` in case an event was missed.
+    Not ``future.wait()`` in a loop: each call builds an API client (an SSL context, ~50 ms
+    of CPU on the core the model needs) and it raised "has no state" for a task run the API
+    had not given a state yet (seen in benchmarks/cold_start.py on 2 cores).
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.task_runs import TaskRunWaiter
+
+    done = threading.Event()
+    TaskRunWaiter.add_done_callback(future.task_run_id, done.set)
+    with get_client(sync_client=True) as client:
+        checked = time.monotonic()
+        while not done.wait(_POLL_S):
+            if not _alive(served.pid):
+                raise ServeError(f"conductor serve (pid {served.pid}) stopped before answering")
+            if time.monotonic() - checked >= _CHECK_S:
+                state = client.read_task_run(future.task_run_id).state
+                if state is not None and state.is_final():
+                    break
+                checked = time.monotonic()
+    future.wait()  # final now: reads the state once, so result() needs no further wait
+    return future.state

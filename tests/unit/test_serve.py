@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -97,8 +98,10 @@ def test_request_paths_become_absolute_for_the_serving_process(tmp_path, monkeyp
 
 
 class _Future:
-    """A served task run's future: ``states`` in turn; wait() raises, as Prefect's does, for a
-    run the API has no state for yet (Pending here)."""
+    """A served task run's future; wait() raises, as Prefect's does, while the run has no state
+    (Pending here), so the client may call it only once the run is final."""
+
+    task_run_id = "00000000-0000-0000-0000-000000000001"
 
     def __init__(self, states, result=None):
         self.states = list(states)
@@ -107,15 +110,33 @@ class _Future:
 
     @property
     def state(self):
-        return self.states[0] if len(self.states) == 1 else self.states.pop(0)
+        return self.states[-1]
 
     def wait(self, timeout=None):
-        if self.states[0].is_pending():
+        if not self.states[-1].is_final():
             raise RuntimeError("Task run x has no state which means it hasn't started yet.")
         self.waits += 1
 
     def result(self, raise_on_failure=True):
         return self._result
+
+
+class _Client:
+    """The API as the client's safety-net check reads it: ``states`` in turn."""
+
+    def __init__(self, states):
+        self.states, self.reads = list(states), 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read_task_run(self, task_run_id):
+        self.reads += 1
+        state = self.states[0] if len(self.states) == 1 else self.states.pop(0)
+        return type("TaskRun", (), {"state": state})()
 
 
 def _request():
@@ -139,21 +160,54 @@ def _run_result():
     }
 
 
-def test_submit_waits_out_a_task_run_the_api_has_no_state_for_yet(home, monkeypatch):
-    from prefect.states import Completed, Pending, Running, Scheduled
+@pytest.fixture
+def waiting(monkeypatch):
+    """The client's wait with fast polls, a scripted API, and the terminal event after
+    ``event_after`` seconds (None: the event never comes)."""
+    from prefect.task_runs import TaskRunWaiter
 
-    future = _Future([Pending(), Pending(), Scheduled(), Running(), Completed()], _run_result())
+    setup = {"event_after": 0.05, "client": _Client([None])}
+
+    def add_done_callback(task_run_id, callback):
+        if setup["event_after"] is not None:
+            threading.Timer(setup["event_after"], callback).start()
+
+    monkeypatch.setattr(TaskRunWaiter, "add_done_callback", add_done_callback)
+    monkeypatch.setattr(
+        "prefect.client.orchestration.get_client", lambda sync_client=False: setup["client"]
+    )
+    monkeypatch.setattr(serve, "_POLL_S", 0.01)
+    monkeypatch.setattr(serve, "_CHECK_S", 0.03)
+    return setup
+
+
+def test_submit_returns_when_the_terminal_event_arrives(home, monkeypatch, waiting):
+    from prefect.states import Completed, Running
+
+    future = _Future([Running()], _run_result())
     monkeypatch.setattr(serve.served_request, "delay", lambda *a: future)
-    monkeypatch.setattr(serve, "_PENDING_POLL_S", 0.0)
+    threading.Timer(0.02, lambda: future.states.append(Completed())).start()
     result = serve.submit(_request(), serve.Served(os.getpid(), API, 0.0))
     assert result.answer == "42"
-    assert future.waits == 2  # only once the run had a state: Scheduled, then Running
+    assert future.waits == 1  # once, on the final state: never on a run without one
 
 
-def test_submit_fails_in_one_line_when_the_server_dies_or_the_api_fails(home, monkeypatch):
+def test_submit_reads_the_state_when_the_event_is_missed(home, monkeypatch, waiting):
+    from prefect.states import Completed, Pending, Running
+
+    waiting["event_after"] = None
+    waiting["client"] = _Client([None, Pending(), Running(), Completed()])
+    future = _Future([Completed()], _run_result())
+    monkeypatch.setattr(serve.served_request, "delay", lambda *a: future)
+    assert serve.submit(_request(), serve.Served(os.getpid(), API, 0.0)).answer == "42"
+    assert waiting["client"].reads >= 4  # a state-less run, Pending, Running, Completed
+
+
+def test_submit_fails_in_one_line_when_the_server_dies_or_the_api_fails(home, monkeypatch, waiting):
     import httpx
     from prefect.states import Failed, Scheduled
 
+    waiting["event_after"] = None
     dead = serve.Served(_dead_pid(), API, 0.0)
     monkeypatch.setattr(serve.served_request, "delay", lambda *a: _Future([Scheduled()]))
     with pytest.raises(serve.ServeError, match="stopped before answering"):
@@ -166,6 +220,7 @@ def test_submit_fails_in_one_line_when_the_server_dies_or_the_api_fails(home, mo
     with pytest.raises(serve.ServeError, match=f"Prefect API at {API} failed.*ConnectError"):
         serve.submit(_request(), serve.Served(os.getpid(), API, 0.0))
 
+    waiting["event_after"] = 0.01
     failed = _Future([Failed(message="calculator: no arithmetic expression")])
     monkeypatch.setattr(serve.served_request, "delay", lambda *a: failed)
     with pytest.raises(serve.ServeError, match="no arithmetic expression"):
