@@ -11,9 +11,10 @@ takes that copy when the checksum matches and rebuilds it otherwise.
 Each model is loaded once per process, on first use, and shared by all threads. Concurrent
 requests to one model are micro-batched (issue #3): gathered for a few milliseconds, grouped by
 sampling parameters and run as one left-padded ``generate`` call, each request ending at its
-own ``max_tokens``, EOS or stop string. A lone request starts from the kept states of an
-earlier prompt that begins as its own does (the conductor's system prompt is the same for
-every question; ``conductor._prefix_cache``). Loads and ``generate`` calls all run on one model
+own ``max_tokens``, EOS or stop string. Prompt prefixes are computed once: a lone request
+starts from the kept states of an earlier prompt that begins as its own does, and a batch
+from the prefix its rows share (the conductor's system prompt is the same for every
+question; ``conductor._prefix_cache``). Loads and ``generate`` calls all run on one model
 thread (:class:`~conductor._batching.ModelThread`, which explains why), whichever thread asked.
 
 Optional params beyond OpenAI's: ``min_tokens`` and ``ignore_eos`` (as in vLLM).

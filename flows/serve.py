@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import sys
@@ -61,6 +62,8 @@ MARKER = "serve.json"
 # often it reads the task run's state from the API (in case its terminal event was missed).
 _POLL_S = 1.0
 _CHECK_S = 5.0
+_PICKUP_NOTICE_S = 15.0  # still not started by then: one line on stderr
+_log = logging.getLogger("conductor.serve")
 
 
 class ServeError(ConductorError):
@@ -246,7 +249,8 @@ def _wait(future: Any, served: Served) -> Any:
     done = threading.Event()
     TaskRunWaiter.add_done_callback(future.task_run_id, done.set)
     with get_client(sync_client=True) as client:
-        checked = time.monotonic()
+        start = checked = time.monotonic()
+        picked_up = told = False
         while not done.wait(_POLL_S):
             if not _alive(served.pid):
                 raise ServeError(f"conductor serve (pid {served.pid}) stopped before answering")
@@ -254,6 +258,16 @@ def _wait(future: Any, served: Served) -> Any:
                 state = client.read_task_run(future.task_run_id).state
                 if state is not None and state.is_final():
                     break
+                picked_up = picked_up or (state is not None and not state.is_scheduled())
                 checked = time.monotonic()
+                if not picked_up and not told and checked - start >= _PICKUP_NOTICE_S:
+                    told = True  # busy with --limit requests, or deaf: say so, keep waiting
+                    _log.warning(
+                        "conductor serve (pid %d) has not started this request after %.0f s: "
+                        "it runs --limit requests at once; if it is stuck, restart it, or "
+                        "use --in-process",
+                        served.pid,
+                        checked - start,
+                    )
     future.wait()  # final now: reads the state once, so result() needs no further wait
     return future.state

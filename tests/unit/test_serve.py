@@ -225,3 +225,18 @@ def test_submit_fails_in_one_line_when_the_server_dies_or_the_api_fails(home, mo
     monkeypatch.setattr(serve.served_request, "delay", lambda *a: failed)
     with pytest.raises(serve.ServeError, match="no arithmetic expression"):
         serve.submit(_request(), serve.Served(os.getpid(), API, 0.0))
+
+
+def test_submit_says_once_when_the_request_is_not_picked_up(home, monkeypatch, waiting, caplog):
+    from prefect.states import Completed, Running, Scheduled
+
+    waiting["event_after"] = None
+    monkeypatch.setattr(serve, "_PICKUP_NOTICE_S", 0.05)
+    waiting["client"] = _Client([Scheduled()] * 5 + [Running(), Completed()])
+    monkeypatch.setattr(
+        serve.served_request, "delay", lambda *a: _Future([Completed()], _run_result())
+    )
+    with caplog.at_level("WARNING", logger="conductor.serve"):
+        assert serve.submit(_request(), serve.Served(os.getpid(), API, 0.0)).answer == "42"
+    notices = [r.getMessage() for r in caplog.records if "has not started" in r.getMessage()]
+    assert len(notices) == 1 and f"pid {os.getpid()}" in notices[0]
