@@ -10,11 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+)
 
 from conductor._batching import GenerationRequest, generate_group
 from conductor._prefix_cache import PrefixCache, cache_kwarg
-from conductor.local_model import LocalModel, tokenizer_from_gguf
+from conductor.local_model import LocalModel
 
 SYSTEM = (
     "You are the Conductor. Write a workflow for a team of models: model_id, subtasks and "
@@ -30,23 +36,13 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerBase:
-    return tokenizer_from_gguf()
+def tokenizer(tiny_base) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(tiny_base)  # SmolLM2's, saved with the tiny model
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-    )
-    return LlamaForCausalLM(config).eval()
+def model(tiny_base) -> LlamaForCausalLM:
+    return AutoModelForCausalLM.from_pretrained(tiny_base, dtype=torch.float32).eval()
 
 
 def request(question: str, **kwargs) -> GenerationRequest:
