@@ -218,7 +218,10 @@ def submit(request: Any, served: Served, best_of: bool = False) -> Any:
     payload = request.model_copy(
         update={"pool": _absolute(request.pool), "conductor": _absolute(request.conductor)}
     ).model_dump(mode="json")
+    from prefect.task_runs import TaskRunWaiter
+
     try:
+        TaskRunWaiter.instance()  # subscribed to task-run events before the request exists
         future = served_request.delay(payload, best_of)
         state = _wait(future, served)
         result = future.result(raise_on_failure=False)

@@ -173,6 +173,7 @@ def waiting(monkeypatch):
             threading.Timer(setup["event_after"], callback).start()
 
     monkeypatch.setattr(TaskRunWaiter, "add_done_callback", add_done_callback)
+    monkeypatch.setattr(TaskRunWaiter, "instance", lambda: None)  # no real subscription
     monkeypatch.setattr(
         "prefect.client.orchestration.get_client", lambda sync_client=False: setup["client"]
     )
