@@ -452,9 +452,10 @@ def main() -> None:
 
 def _runtime_errors() -> tuple[type[BaseException], ...]:
     from conductor.errors import StoreError, WorkerError
+    from flows.runtime import TemporaryServerError
     from flows.serve import ServeError
 
-    return (WorkerError, StoreError, ServeError)
+    return (WorkerError, StoreError, ServeError, TemporaryServerError)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,13 @@ the command. Measured in ``benchmarks/engine_overhead.py`` on Prefect 3.9:
   and competes with the flow for the same cores: it batches here (every 0.5 s at most);
 - the server may be stopped while its recorder still holds events, which leaves task runs
   shown as running in the database: ``wait_until_recorded`` waits (bounded) until every
-  task run of the flow run is final before the process exits.
+  task run of the flow run is final before the process exits;
+- the server is a subprocess that inherits the command's stdout and stderr, and when it is
+  stopped at exit its services can log ``CancelledError`` tracebacks there (a flush of the
+  task-run recorder cut short; CI saw one under ``conductor run --json``). This process
+  cannot filter another's output, so the server is started here, before Prefect would start
+  it lazily, with its output in ``$CONDUCTOR_HOME/logs/prefect-server.log``: nothing of the
+  server reaches the terminal, and nothing it says is lost.
 
 With a real server configured, Prefect's defaults stay as they are.
 """
@@ -18,6 +24,7 @@ With a real server configured, Prefect's defaults stay as they are.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +32,23 @@ from pathlib import Path
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-__all__ = ["local_run_settings", "result_storage", "wait_until_recorded"]
+from conductor.errors import ConductorError
+
+__all__ = [
+    "TemporaryServerError",
+    "local_run_settings",
+    "result_storage",
+    "server_log_path",
+    "start_temporary_server",
+    "wait_until_recorded",
+]
+
+_SERVER_LOG_MAX_BYTES = 8 * 1024 * 1024  # started afresh past this
+
+
+class TemporaryServerError(ConductorError):
+    """Prefect's temporary API server did not start (a runtime failure: exit code 1)."""
+
 
 _EPHEMERAL_SERVER_ENV = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
@@ -38,7 +61,54 @@ _EPHEMERAL_SERVER_ENV = {
 
 
 def _ephemeral() -> bool:
-    return not os.environ.get("PREFECT_API_URL")
+    from prefect.settings import PREFECT_API_URL
+
+    return not PREFECT_API_URL.value()
+
+
+def server_log_path() -> Path:
+    from conductor.home import conductor_home
+
+    return conductor_home() / "logs" / "prefect-server.log"
+
+
+def start_temporary_server() -> None:
+    """Start Prefect's temporary server with its stdout and stderr in ``server_log_path()``.
+
+    Prefect keeps one temporary server per process (``SubprocessASGIServer()`` is a
+    singleton) and stops it at exit; every client of this process finds this one running.
+    The child inherits file descriptors 1 and 2 as they are when it is spawned, so they point
+    at the log for the spawn only and are restored at once."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    if server.running:
+        return
+    path = server_log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "ab" if path.exists() and path.stat().st_size < _SERVER_LOG_MAX_BYTES else "wb"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    try:
+        with path.open(mode) as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n".encode())
+            log.flush()
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                server.start()
+            finally:
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    except RuntimeError as exc:  # Prefect's "Timed out while attempting to connect ..."
+        raise TemporaryServerError(
+            f"Prefect's temporary server did not start ({str(exc).splitlines()[0]}); "
+            f"its log: {path}. Or run `prefect server start` and set PREFECT_API_URL."
+        ) from None
+    finally:
+        for fd in saved:
+            os.close(fd)
 
 
 @contextmanager
@@ -48,6 +118,7 @@ def local_run_settings() -> Iterator[None]:
         return
     for key, value in _EPHEMERAL_SERVER_ENV.items():
         os.environ.setdefault(key, value)  # read by the server subprocess when it starts
+    start_temporary_server()
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 

@@ -113,6 +113,58 @@ def test_run_json_prints_one_object_and_no_noise(tmp_path):
     assert s["runs"] == 1 and s["steps"] == 2 and s["failed_steps"] == 0
     assert s["input_tokens"] == data["input_tokens"]
     assert not (tmp_path / "mlruns").exists()
+    # The temporary server's own output went to its log, not to this terminal.
+    log = (tmp_path / "home" / "logs" / "prefect-server.log").read_text()
+    assert log.startswith("--- ") and " pid " in log.splitlines()[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc")
+def test_temporary_server_writes_to_its_log_not_to_the_terminal(tmp_path):
+    """Its shutdown tracebacks (CI saw one) cannot reach the command's stderr or stdout."""
+    script = (
+        "import os\n"
+        "from flows.runtime import start_temporary_server\n"
+        "from prefect.server.api.server import SubprocessASGIServer\n"
+        "start_temporary_server()\n"
+        "pid = SubprocessASGIServer().server_process.pid\n"
+        "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))\n"
+        "print(os.readlink('/proc/self/fd/2'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"CONDUCTOR_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, ours = proc.stdout.splitlines()
+    server_out, server_err = first.split()
+    log = str(tmp_path / "home" / "logs" / "prefect-server.log")
+    assert server_out == log and server_err == log
+    assert ours != log  # this process's stderr was given back
+
+
+def test_temporary_server_that_does_not_start_is_one_line(tmp_path):
+    pool = write_pool(tmp_path, "42")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", "Hi?", "--pool", str(pool)],
+        cwd=tmp_path,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+            "CONDUCTOR_HOME": str(tmp_path / "home"),
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0",  # gives up at once
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "temporary server did not start" in errors[0]
+    assert str(tmp_path / "home" / "logs" / "prefect-server.log") in errors[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_eval_leaves_the_terminal_and_the_cwd_clean(tmp_path):
