@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PREFECT = shutil.which("prefect", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+RETRY_STATUS = {429, 502, 503}
 RUN_TIMEOUT_S = 240  # a loaded 2-core machine: the flow-run process imports torch & co.
 
 
@@ -46,8 +47,14 @@ class Server:
     register_output: str
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
+        # A busy server on SQLite answers 503 (a locked database, rolled back) or 429; Prefect's
+        # own client retries those with backoff, and so does this one (CI saw a 503 here).
         with httpx.Client(base_url=self.api, timeout=30) as client:
-            response = client.request(method, path, json=body)
+            for attempt in range(6):
+                response = client.request(method, path, json=body)
+                if response.status_code not in RETRY_STATUS:
+                    break
+                time.sleep(0.5 * 2**attempt)
         assert response.status_code < 300, f"{method} {path}: {response.text[:500]}"
         return response.json() if response.content else None
 
