@@ -29,16 +29,25 @@ RUN_KEYS = {
 }
 
 
-def conductor(
-    *args: str, cwd: Path, stdin: str | None = None, timeout: int = 300
-) -> subprocess.CompletedProcess:
+def cli_env(cwd: Path, **extra: str) -> dict[str, str]:
+    """A user's environment: homes under ``cwd``, no Prefect server configured."""
     env = {**os.environ, "CONDUCTOR_HOME": str(cwd / "home"), "PREFECT_HOME": str(cwd / "prefect")}
     env.pop("PREFECT_API_URL", None)  # the CLI uses its own ephemeral server here
     env.pop("MLFLOW_TRACKING_URI", None)  # set by mlflow.set_tracking_uri in earlier tests
+    return env | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])} | extra
+
+
+def conductor(
+    *args: str,
+    cwd: Path,
+    stdin: str | None = None,
+    timeout: int = 300,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
         cwd=cwd,
-        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env=env or cli_env(cwd),
         input=stdin,
         capture_output=True,
         text=True,
@@ -130,11 +139,12 @@ def test_temporary_server_writes_to_its_log_not_to_the_terminal(tmp_path):
         "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))\n"
         "print(os.readlink('/proc/self/fd/2'))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"CONDUCTOR_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script],
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     first, ours = proc.stdout.splitlines()
@@ -146,20 +156,9 @@ def test_temporary_server_writes_to_its_log_not_to_the_terminal(tmp_path):
 
 def test_temporary_server_that_does_not_start_is_one_line(tmp_path):
     pool = write_pool(tmp_path, "42")
-    proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", "Hi?", "--pool", str(pool)],
-        cwd=tmp_path,
-        env={
-            **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
-            "CONDUCTOR_HOME": str(tmp_path / "home"),
-            "PREFECT_HOME": str(tmp_path / "prefect"),
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0",  # gives up at once
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # A startup timeout of 0: Prefect gives up at once.
+    env = cli_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")
+    proc = conductor("run", "Hi?", "--pool", str(pool), cwd=tmp_path, env=env)
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "temporary server did not start" in errors[0]
