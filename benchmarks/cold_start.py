@@ -10,7 +10,7 @@ Each sample is a fresh process, as a user's command is, in these settings:
   the samples, not timed in them): ``conductor run`` hands its request to that warm process;
 - ``served-whole-prompt`` (on request): ``served`` with ``CONDUCTOR_PREFIX_CACHE=0``, so the
   serving process computes the conductor's whole prompt for every plan: the baseline of
-  prompt-prefix reuse (``conductor._prefix_cache``).
+  prompt-prefix reuse (``conductor.providers._prefix_cache``).
 
 The first worker call's time is the ``started_at`` of the run's first step in the Parquet
 store (``conductor run --json`` names the run and the store). With a running server, where
@@ -146,7 +146,7 @@ def conductor_sample(
     env: dict[str, str], cwd: Path, pool: Path | None, served: bool = False
 ) -> tuple[float, float, dict[str, float]]:
     """(seconds to the first worker call, seconds for the whole command, phases)."""
-    from conductor.store import ArtifactStore
+    from conductor.data.store import ArtifactStore
 
     cmd = [*_conductor_cmd(), "run", QUESTION, "--json"]
     if pool is not None:
@@ -189,7 +189,9 @@ def imports_sample(env: dict[str, str], cwd: Path, tool_only: bool, served: bool
     if served:
         modules = "flows.cli, flows.serve"
     else:
-        modules = "flows.cli, flows.orchestrate" + ("" if tool_only else ", conductor.local_model")
+        modules = "flows.cli, flows.orchestrate" + (
+            "" if tool_only else ", conductor.providers.local_model"
+        )
     t0 = time.time()
     subprocess.run(
         [sys.executable, "-c", f"import {modules}"], env=env, cwd=cwd, check=True, timeout=900

@@ -41,7 +41,7 @@ COSTLY = ("conductor-base", "self-consistency:smol:5")
 
 
 def _levels(dataset: str, split: str, seed: int) -> dict[str, int]:
-    from conductor.datasets import load_dataset
+    from conductor.data.datasets import load_dataset
 
     return {
         e.id: int(e.meta.get("level", 0)) for e in load_dataset(dataset, split=split, seed=seed)
@@ -67,7 +67,7 @@ def _row(name: str, result: Any, runs: Any, levels: dict[str, int], reused: bool
 
 
 def _runs_of(eval_id: str) -> Any:
-    from conductor.store import ArtifactStore
+    from conductor.data.store import ArtifactStore
 
     runs = ArtifactStore().read_pandas("runs")
     mask = [dict(t).get("eval_id") == eval_id for t in runs["tags"]]
@@ -75,7 +75,7 @@ def _runs_of(eval_id: str) -> Any:
 
 
 def _evaluate(strategy: str, conductor: str | None, args: argparse.Namespace, limit: int) -> dict:
-    from conductor.requests import EvalRequest
+    from conductor.plan.requests import EvalRequest
     from flows.evaluate import evaluate
 
     result = evaluate(

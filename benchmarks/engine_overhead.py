@@ -128,7 +128,7 @@ def _timeline(root: str) -> tuple[list[float], float, float, float]:
     worker call's end to the run record (collecting states, building records). The run
     record's ``wall_s`` is taken when it is built, before it is stored.
     """
-    from conductor.store import ArtifactStore
+    from conductor.data.store import ArtifactStore
 
     store = ArtifactStore(root)
     df = store.read_pandas("steps")
@@ -227,7 +227,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     import yaml
     from prefect import flow
 
-    from conductor.requests import OrchestrateRequest
+    from conductor.plan.requests import OrchestrateRequest
     from flows.orchestrate import orchestrate
     from flows.runtime import wait_until_recorded
     from tests.fakes import PLANS, register_fake_provider

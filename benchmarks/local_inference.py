@@ -15,7 +15,7 @@ plan (issue #10): the embedded trained conductor writes the plan for ``--plans``
 test questions, one at a time, as ``conductor run`` and ``conductor serve`` do; each question
 twice, interleaved: without prompt-prefix reuse (the baseline: the whole prompt computed)
 and with it (the pool's system prompt kept from an earlier request, only the question
-computed; ``conductor._prefix_cache``). Reports median seconds per plan, the prompt tokens
+computed; ``conductor.providers._prefix_cache``). Reports median seconds per plan, the prompt tokens
 reused, and whether both wrote the same plan text. Then the same questions all at once from
 as many threads (one micro-batch): every prompt computed, against their shared prefix
 computed once (in a cache that kept nothing before).
@@ -68,7 +68,7 @@ CACHED_LOAD_TARGET_S = 5.0
 LOAD_CHILD = """
 import json, time
 t0 = time.perf_counter()
-from conductor.local_model import SMOLLM2, LocalModelRegistry
+from conductor.providers.local_model import SMOLLM2, LocalModelRegistry
 t1 = time.perf_counter()
 LocalModelRegistry.get(SMOLLM2)
 t2 = time.perf_counter()
@@ -123,8 +123,13 @@ def timed(run: Any) -> dict[str, float]:
 
 
 def throughput(max_tokens: int, repeat: int) -> dict[str, Any]:
-    from conductor._litellm import litellm
-    from conductor.local_model import SMOLLM2, LocalModelRegistry, model_torch_threads, register
+    from conductor.providers._litellm import litellm
+    from conductor.providers.local_model import (
+        SMOLLM2,
+        LocalModelRegistry,
+        model_torch_threads,
+        register,
+    )
 
     register()
     model = LocalModelRegistry.get(SMOLLM2)
@@ -167,12 +172,12 @@ def plans(count: int) -> dict[str, Any]:
     """Seconds per plan of the embedded conductor, without and with prompt-prefix reuse."""
     import statistics
 
-    from conductor._prefix_cache import PrefixCache
     from conductor.adapters import EMBEDDED_ADAPTER
-    from conductor.datasets import load_dataset
-    from conductor.local_model import LocalModelRegistry
+    from conductor.data.datasets import load_dataset
+    from conductor.plan.prompts import conductor_messages
     from conductor.pool import load_pool
-    from conductor.prompts import conductor_messages
+    from conductor.providers._prefix_cache import PrefixCache
+    from conductor.providers.local_model import LocalModelRegistry
 
     pool = load_pool(None)
     model = LocalModelRegistry.get(EMBEDDED_ADAPTER)

@@ -70,10 +70,10 @@ def _model_run(rm: str) -> dict[str, Any]:
 
 def _throughput(rm: str, questions: int = 16, n: int = 8) -> dict[str, float]:
     """Plans scored per second: batched (16 per forward) against one at a time."""
-    from conductor.datasets import load_dataset
+    from conductor.data.datasets import load_dataset
+    from conductor.plan.prompts import describe_workers
+    from conductor.plan.strategies import random_plan
     from conductor.pool import load_pool
-    from conductor.prompts import describe_workers
-    from conductor.strategies import random_plan
     from reward_model.model import load_reward_model
 
     pool, model = load_pool(), load_reward_model(rm)
@@ -96,7 +96,7 @@ def _throughput(rm: str, questions: int = 16, n: int = 8) -> dict[str, float]:
 
 
 def _evaluate(strategy: str, args: argparse.Namespace) -> dict[str, Any]:
-    from conductor.requests import EvalRequest
+    from conductor.plan.requests import EvalRequest
     from flows.evaluate import evaluate
 
     return evaluate(

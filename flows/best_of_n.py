@@ -30,12 +30,12 @@ from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from conductor.adapters import with_conductor
+from conductor.data.verify import answer_key
 from conductor.errors import PlanError
-from conductor.plan import parse_plan
-from conductor.pool import Pool, load_pool
-from conductor.prompts import describe_workers, render_plan
-from conductor.requests import OrchestrateRequest, RunResult
-from conductor.strategies import (
+from conductor.plan.parse import parse_plan
+from conductor.plan.prompts import describe_workers, render_plan
+from conductor.plan.requests import OrchestrateRequest, RunResult
+from conductor.plan.strategies import (
     PROPOSER_TEMPERATURE,
     Strategy,
     majority_vote,
@@ -43,7 +43,7 @@ from conductor.strategies import (
     random_plan,
     random_plan_seed,
 )
-from conductor.verify import answer_key
+from conductor.pool import Pool, load_pool
 from flows.orchestrate import orchestrate
 from reward_model.model import CHAMPION
 from tasks.planning import write_plan

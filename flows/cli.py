@@ -86,8 +86,8 @@ def run(
     ] = False,
 ) -> None:
     """Plan QUESTION with the conductor and run the plan as a Prefect flow."""
-    from conductor.requests import OrchestrateRequest
-    from conductor.strategies import parse_strategy
+    from conductor.plan.requests import OrchestrateRequest
+    from conductor.plan.strategies import parse_strategy
 
     # Fail fast on a bad pool or adapter, before Prefect starts.
     p = load_pool_option(pool, conductor)
@@ -109,7 +109,7 @@ def run(
         seed=seed,
     )
     state, result = _run_request(request, best_of is not None, in_process)
-    from conductor.requests import RunResult
+    from conductor.plan.requests import RunResult
 
     if not isinstance(result, RunResult):
         # The flow itself crashed (bad pool at run time, store unwritable, ...).
@@ -234,9 +234,9 @@ def eval_(
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a strategy on a dataset; every question is a run, the eval an MLflow run."""
-    from conductor.datasets import load_dataset
-    from conductor.requests import EvalRequest
-    from conductor.strategies import parse_strategy
+    from conductor.data.datasets import load_dataset
+    from conductor.plan.requests import EvalRequest
+    from conductor.plan.strategies import parse_strategy
 
     p = load_pool_option(pool, conductor)
     check_rm(parse_strategy(strategy, p), rm)
@@ -254,7 +254,7 @@ def eval_(
         conductor=conductor,
         rm=rm,
     )
-    from conductor.requests import EvalResult
+    from conductor.plan.requests import EvalResult
     from flows.evaluate import evaluate
 
     # Per-question flow logs would bury the progress bar; warnings and errors still show.
@@ -314,8 +314,8 @@ def plan(
     conductor: ConductorOpt = None,
 ) -> None:
     """Ask the conductor for a plan and print it, validated, without running it."""
-    from conductor.plan import parse_plan
-    from conductor.policy import LiteLLMPolicy
+    from conductor.plan.parse import parse_plan
+    from conductor.plan.policy import LiteLLMPolicy
 
     p = load_pool_option(pool, conductor)
     completion = LiteLLMPolicy(max_steps).write_plan(question, p)
@@ -337,7 +337,7 @@ def validate(
     max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
 ) -> None:
     """Parse and validate a raw conductor output; print the plan as JSON."""
-    from conductor.plan import MAX_PLAN_TEXT_CHARS, parse_plan
+    from conductor.plan.parse import MAX_PLAN_TEXT_CHARS, parse_plan
 
     try:
         if file == "-":
@@ -365,7 +365,7 @@ def artifacts(
     """Summarise the store: runs, steps, failures, tokens, cost."""
     if ctx.invoked_subcommand is not None:
         return
-    from conductor.store import ArtifactStore
+    from conductor.data.store import ArtifactStore
 
     store = ArtifactStore()
     if path:
@@ -404,7 +404,7 @@ def artifacts(
 @artifacts_app.command(cls=ConductorCommand)
 def compact(as_json: JsonOpt = False) -> None:
     """Merge the small Parquet files of each table into one (safe for concurrent readers)."""
-    from conductor.store import ArtifactStore
+    from conductor.data.store import ArtifactStore
 
     result = ArtifactStore().compact()
     if as_json:

@@ -62,8 +62,8 @@ def train_conductor_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Train the conductor with GRPO (TRL + PEFT) on executed plans; register it in MLflow."""
-    from conductor.datasets import load_dataset
-    from conductor.training import TrainConductorRequest, TrainConductorResult
+    from conductor.data.datasets import load_dataset
+    from conductor.training.config import TrainConductorRequest, TrainConductorResult
 
     load_pool_option(pool)
     load_dataset(dataset, split="train", limit=1, seed=seed)  # a bad dataset fails here

@@ -22,11 +22,11 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from conductor.datasets import Example, load_dataset
+from conductor.data.datasets import Example, load_dataset
 from conductor.home import artifacts_location
+from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
+from conductor.plan.strategies import parse_strategy
 from conductor.pool import load_pool
-from conductor.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
-from conductor.strategies import parse_strategy
 from flows.best_of_n import run_question
 from flows.runtime import result_storage
 from tasks.artifacts import EvalProgress, publish_eval_summary

@@ -31,15 +31,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from conductor.adapters import with_conductor
-from conductor.datasets import Example
+from conductor.data.datasets import Example
+from conductor.data.records import RunRecord, StepRecord
+from conductor.data.verify import answer_key
 from conductor.errors import ConductorError, PlanError, WorkerError
 from conductor.home import artifacts_location
-from conductor.llm import Completion
-from conductor.plan import extract_plan, parse_plan, validate_plan
-from conductor.pool import Pool, load_pool
-from conductor.records import RunRecord, StepRecord
-from conductor.requests import OrchestrateRequest, RunResult
-from conductor.strategies import (
+from conductor.plan.parse import extract_plan, parse_plan, validate_plan
+from conductor.plan.requests import OrchestrateRequest, RunResult
+from conductor.plan.strategies import (
     SELF_CONSISTENCY_TEMPERATURE,
     Strategy,
     majority_vote,
@@ -48,8 +47,9 @@ from conductor.strategies import (
     random_plan_seed,
     self_consistency_plan,
 )
-from conductor.verify import answer_key
-from conductor.workflow import Step, Workflow
+from conductor.plan.workflow import Step, Workflow
+from conductor.pool import Pool, load_pool
+from conductor.providers.llm import Completion
 from flows.runtime import result_storage
 from tasks.artifacts import publish_answer, publish_plan, publish_steps, save_run
 from tasks.planning import write_nested_plan, write_plan

@@ -5,7 +5,7 @@ the 2-core machine), torch and transformers, and for loading the local model. ``
 serve`` pays that once: it is a Prefect **task worker** (``prefect.task_worker.serve``) that
 has imported the engine and loaded every local model of its pool (one short completion per
 model; the conductor's with its planning prompt, so that the prompt's system part is kept and
-never computed again, ``conductor._prefix_cache``). ``conductor run``, when it finds one,
+never computed again, ``conductor.providers._prefix_cache``). ``conductor run``, when it finds one,
 submits its request as a background task run (``Task.delay``) and waits for its result; the
 command itself then imports only Prefect.
 
@@ -132,7 +132,7 @@ def _remove_marker(path: Path) -> None:
 )
 def served_request(request: dict[str, Any], best_of: bool = False) -> dict[str, Any]:
     """Run one ``conductor run`` request in this (warm) process; the RunResult as JSON."""
-    from conductor.requests import OrchestrateRequest, RunResult
+    from conductor.plan.requests import OrchestrateRequest, RunResult
 
     if best_of:
         from flows.best_of_n import best_of_n as flow
@@ -150,10 +150,10 @@ def warm(pool: Any) -> list[str]:
     """Load every local model of ``pool`` with one short completion; the models warmed.
 
     The conductor is warmed with its real planning prompt, so its system prompt's states are
-    kept (``conductor._prefix_cache``) and the first request computes only its question.
+    kept (``conductor.providers._prefix_cache``) and the first request computes only its question.
     """
-    from conductor.llm import complete
-    from conductor.prompts import conductor_messages
+    from conductor.plan.prompts import conductor_messages
+    from conductor.providers.llm import complete
 
     warmed = []
     endpoints = [pool.conductor, *pool.workers]
@@ -213,7 +213,7 @@ def submit(request: Any, served: Served, best_of: bool = False) -> Any:
     """Send ``request`` to the serving process and wait for its RunResult."""
     import httpx
 
-    from conductor.requests import RunResult
+    from conductor.plan.requests import RunResult
 
     payload = request.model_copy(
         update={"pool": _absolute(request.pool), "conductor": _absolute(request.conductor)}

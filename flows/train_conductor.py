@@ -25,15 +25,15 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from conductor.adapters import resolve_conductor
-from conductor.datasets import load_dataset
+from conductor.data.datasets import load_dataset
+from conductor.data.store import ArtifactStore
 from conductor.errors import ConductorError
 from conductor.home import conductor_home
+from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
 from conductor.pool import Pool, load_pool
-from conductor.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
-from conductor.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
-from conductor.store import ArtifactStore
-from conductor.training import TrainConductorRequest, TrainConductorResult
-from conductor.warm_start import warm_start_examples
+from conductor.training.config import TrainConductorRequest, TrainConductorResult
+from conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
+from conductor.training.warm_start import warm_start_examples
 from flows.best_of_n import run_question
 from flows.evaluate import evaluate
 from tasks.training import (

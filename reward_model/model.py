@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from conductor.errors import ConductorError
-from conductor.workflow import Workflow
+from conductor.plan.workflow import Workflow
 from reward_model.documents import plan_document, raw_plan_document, reward_input
 
 __all__ = [
@@ -109,7 +109,7 @@ def _on_gpu() -> bool:
 def _backbone_dir(base: str) -> Path:
     """A directory with the base's dense weights (the local cache for SmolLM2)."""
     from conductor.home import models_dir
-    from conductor.local_model import SMOLLM2, load_weights
+    from conductor.providers.local_model import SMOLLM2, load_weights
 
     if base == SMOLLM2:
         load_weights(SMOLLM2)  # writes the dense cache once (the GGUF cannot be trained)
@@ -261,12 +261,12 @@ class OrchRM:
     ) -> list[float]:
         """One score per plan (higher is better); ``step_outputs[i]`` adds plan i's outputs.
 
-        ``pool_description`` is :func:`conductor.prompts.describe_workers` of the pool the
+        ``pool_description`` is :func:`conductor.plan.prompts.describe_workers` of the pool the
         plans are for; default the embedded local pool's.
         """
         if pool_description is None:
+            from conductor.plan.prompts import describe_workers
             from conductor.pool import load_pool
-            from conductor.prompts import describe_workers
 
             pool_description = describe_workers(load_pool())
         outputs = list(step_outputs) if step_outputs is not None else [None] * len(plans)

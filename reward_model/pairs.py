@@ -47,7 +47,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from conductor.records import PAIRS_SCHEMA, utcnow
+from conductor.data.records import PAIRS_SCHEMA, utcnow
 from reward_model.documents import (
     plan_document,
     raw_plan_document,

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from conductor.errors import PlanError
-from conductor.plan import parse_plan
+from conductor.plan.parse import parse_plan
+from conductor.plan.prompts import describe_workers
 from conductor.pool import Pool
-from conductor.prompts import describe_workers
-from conductor.rewards import completion_text
+from conductor.training.rewards import completion_text
 from reward_model.model import load_reward_model
 
 __all__ = ["OrchRMReward", "orchrm_reward"]

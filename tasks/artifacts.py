@@ -26,10 +26,10 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
-from conductor.records import RunRecord, StepRecord
-from conductor.requests import EvalResult, RunResult
-from conductor.store import ArtifactStore
-from conductor.workflow import Workflow
+from conductor.data.records import RunRecord, StepRecord
+from conductor.data.store import ArtifactStore
+from conductor.plan.requests import EvalResult, RunResult
+from conductor.plan.workflow import Workflow
 
 __all__ = [
     "EvalProgress",

@@ -7,11 +7,11 @@ import json
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from conductor.llm import Completion, complete
-from conductor.policy import ConductorPolicy, LiteLLMPolicy
+from conductor.plan.policy import ConductorPolicy, LiteLLMPolicy
+from conductor.plan.prompts import recursion_messages
+from conductor.plan.workflow import Workflow
 from conductor.pool import Pool
-from conductor.prompts import recursion_messages
-from conductor.workflow import Workflow
+from conductor.providers.llm import Completion, complete
 
 __all__ = ["write_plan", "write_nested_plan"]
 

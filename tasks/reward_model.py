@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from conductor.data.store import ArtifactStore
+from conductor.plan.prompts import describe_workers
 from conductor.pool import Pool
-from conductor.prompts import describe_workers
-from conductor.store import ArtifactStore
 from reward_model.model import (
     MODEL_NAME,
     RewardModelRequest,
@@ -117,7 +117,7 @@ def build_reward_pairs(request: RewardModelRequest, pool: Pool, pair_set: str) -
         runs = runs[split == request.split]
     steps = store.read_pandas("steps", columns=list(PAIR_STEP_COLUMNS))
     steps = steps[steps["run_id"].isin(set(runs["run_id"]))]
-    from conductor.local_model import SMOLLM2
+    from conductor.providers.local_model import SMOLLM2
 
     config = PairConfig(
         max_tokens=request.max_tokens,

@@ -19,11 +19,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from conductor.adapters import write_adapter_meta
-from conductor.datasets import Example
+from conductor.data.datasets import Example
+from conductor.plan.prompts import conductor_messages
 from conductor.pool import Pool
-from conductor.prompts import conductor_messages
-from conductor.rewards import ExecutedPlanReward, TokenCostPenalty
-from conductor.training import (
+from conductor.training.config import (
     TrainConductorRequest,
     grpo_config,
     load_trainable_base,
@@ -31,6 +30,7 @@ from conductor.training import (
     sft_config,
     should_promote,
 )
+from conductor.training.rewards import ExecutedPlanReward, TokenCostPenalty
 from tasks.tracking import mlflow_experiment, register_version, tracking_uri
 
 __all__ = [

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from conductor.datasets import Example
-from conductor.verify import reward, verify
+from conductor.data.datasets import Example
+from conductor.data.verify import reward, verify
 
 __all__ = ["Verification", "verify_answer"]
 

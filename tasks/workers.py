@@ -19,12 +19,12 @@ from prefect.context import TaskRunContext
 from prefect.tasks import exponential_backoff
 from pydantic import BaseModel, ConfigDict
 
+from conductor.data.records import StepRecord, utcnow
 from conductor.errors import WorkerError
-from conductor.llm import Completion, complete
+from conductor.plan.prompts import worker_messages
+from conductor.plan.workflow import Step
 from conductor.pool import Pool, WorkerSpec
-from conductor.prompts import worker_messages
-from conductor.records import StepRecord, utcnow
-from conductor.workflow import Step
+from conductor.providers.llm import Completion, complete
 
 __all__ = ["StepOutcome", "run_step", "step_messages", "step_run_name", "step_task_for"]
 

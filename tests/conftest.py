@@ -65,7 +65,7 @@ def tiny_base(tmp_path_factory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from conductor.local_model import tokenizer_from_gguf
+    from conductor.providers.local_model import tokenizer_from_gguf
 
     tokenizer = tokenizer_from_gguf()
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor.store import ArtifactStore
+from conductor.data.store import ArtifactStore
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,9 +56,9 @@ def test_shipped_adapter_shares_the_base_and_smol_answers_unchanged(tmp_path, mo
     """The default pool's conductor (base + adapter) and ``smol`` (base) share one model."""
     import litellm
 
-    from conductor.local_model import SMOLLM2, LocalModelRegistry, register
+    from conductor.plan.prompts import conductor_messages, prompt_style
     from conductor.pool import load_pool
-    from conductor.prompts import conductor_messages, prompt_style
+    from conductor.providers.local_model import SMOLLM2, LocalModelRegistry, register
 
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
     register()

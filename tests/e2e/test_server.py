@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conductor.store import ArtifactStore
+from conductor.data.store import ArtifactStore
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

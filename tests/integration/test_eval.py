@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from conductor.requests import EvalRequest
-from conductor.store import ArtifactStore
+from conductor.data.store import ArtifactStore
+from conductor.plan.requests import EvalRequest
 from tests.fakes import ANSWERS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")

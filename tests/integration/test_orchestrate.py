@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conductor.records import StepRecord
-from conductor.requests import OrchestrateRequest, RunResult
-from conductor.store import ArtifactStore
+from conductor.data.records import StepRecord
+from conductor.data.store import ArtifactStore
+from conductor.plan.requests import OrchestrateRequest, RunResult
 from tests.fakes import ANSWERS, CALLS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
@@ -348,7 +348,7 @@ def test_api_key_from_env_never_reaches_artifacts(tmp_path, monkeypatch):
 def test_api_key_from_a_prefect_secret_block_is_used_and_never_stored(tmp_path, monkeypatch):
     from prefect.blocks.system import Secret
 
-    import conductor.llm as llm
+    import conductor.providers.llm as llm
 
     secret = "sk-block-secret-777"
     Secret(value=secret).save("conductor-test-key", overwrite=True)

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from conductor.requests import EvalRequest, OrchestrateRequest
-from conductor.store import ArtifactStore
+from conductor.data.store import ArtifactStore
+from conductor.plan.requests import EvalRequest, OrchestrateRequest
 from reward_model.model import RewardModelRequest, load_reward_model
 from tests.fakes import ANSWERS
 
@@ -287,8 +287,8 @@ def test_eval_best_of_n_reports_baselines_on_the_same_candidates(world):
 
 
 def test_orchrm_reward_scores_the_plan_each_completion_writes(world):
+    from conductor.plan.prompts import describe_workers
     from conductor.pool import load_pool
-    from conductor.prompts import describe_workers
     from reward_model.rewards import OrchRMReward
 
     pool = load_pool(world["pool"])
@@ -378,8 +378,8 @@ def test_cli_best_of_n_without_a_reward_model_is_one_line_exit_2(tmp_path):
 
 
 def test_orchrm_reward_function_uses_the_champion(world):
+    from conductor.plan.prompts import describe_workers
     from conductor.pool import load_pool
-    from conductor.prompts import describe_workers
     from reward_model.rewards import orchrm_reward
 
     (score,) = orchrm_reward(["p"], ["no plan at all"], question=["What is 2 + 3?"])

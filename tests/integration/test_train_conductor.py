@@ -20,12 +20,12 @@ import yaml
 from prefect import flow
 from safetensors.torch import load_file
 
-from conductor.local_model import LocalModelRegistry, register
+from conductor.data.store import ArtifactStore
+from conductor.plan.requests import EvalRequest
 from conductor.pool import load_pool
-from conductor.requests import EvalRequest
-from conductor.rewards import ExecutedPlanReward, Rollout
-from conductor.store import ArtifactStore
-from conductor.training import TrainConductorRequest
+from conductor.providers.local_model import LocalModelRegistry, register
+from conductor.training.config import TrainConductorRequest
+from conductor.training.rewards import ExecutedPlanReward, Rollout
 from tests.fakes import ANSWERS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
@@ -142,7 +142,7 @@ def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp
 
     @flow
     def train():
-        from conductor.datasets import load_dataset
+        from conductor.data.datasets import load_dataset
 
         run_id = start_training_run(request, {})
         examples = load_dataset(str(data), split="train")
@@ -232,7 +232,7 @@ def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base
     from peft import LoraConfig, get_peft_model
 
     from conductor.adapters import write_adapter_meta
-    from conductor.training import load_trainable_base
+    from conductor.training.config import load_trainable_base
 
     messages = [{"role": "user", "content": "Plan: what is 2 + 3?"}]
     ask = dict(messages=messages, max_tokens=8, temperature=0)

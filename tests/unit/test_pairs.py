@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from conductor.records import RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
-from conductor.store import ArtifactStore
+from conductor.data.records import RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
+from conductor.data.store import ArtifactStore
 from reward_model.pairs import (
     PAIR_SOURCES,
     PairConfig,

@@ -1,4 +1,4 @@
-"""Unit tests for conductor.plan: finding, parsing and validating the conductor's plan."""
+"""Unit tests for conductor.plan.parse: finding, parsing and validating the conductor's plan."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-import conductor.plan as plan_mod
+import conductor.plan.parse as plan_mod
 from conductor.errors import PlanError
-from conductor.plan import (
+from conductor.plan.parse import (
     MAX_INSTRUCTION_CHARS,
     MAX_PLAN_TEXT_CHARS,
     RawPlan,

@@ -1,4 +1,4 @@
-"""Prompt-prefix reuse in the local provider (conductor._prefix_cache), on a tiny random Llama
+"""Prompt-prefix reuse in the local provider (conductor.providers._prefix_cache), on a tiny random Llama
 with the SmolLM2 tokenizer: the same tokens as a full prefill, less prompt computed."""
 
 import os
@@ -18,9 +18,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from conductor._batching import GenerationRequest, generate_group
-from conductor._prefix_cache import PrefixCache, cache_kwarg
-from conductor.local_model import LocalModel
+from conductor.providers._batching import GenerationRequest, generate_group
+from conductor.providers._prefix_cache import PrefixCache, cache_kwarg
+from conductor.providers.local_model import LocalModel
 
 SYSTEM = (
     "You are the Conductor. Write a workflow for a team of models: model_id, subtasks and "
@@ -228,9 +228,9 @@ def test_a_local_model_reuses_its_prompts_through_litellm(model, tokenizer) -> N
 
 
 def test_serve_warms_the_conductor_with_its_planning_prompt(model, tokenizer) -> None:
-    from conductor.local_model import LocalModelRegistry, register
+    from conductor.plan.prompts import conductor_messages
     from conductor.pool import Pool
-    from conductor.prompts import conductor_messages
+    from conductor.providers.local_model import LocalModelRegistry, register
     from flows.serve import warm
 
     register()
@@ -260,7 +260,7 @@ def test_serve_warms_the_conductor_with_its_planning_prompt(model, tokenizer) ->
     [(None, True), ("1", True), ("yes", True), ("0", False), ("off", False), (" False ", False)],
 )
 def test_conductor_prefix_cache_turns_reuse_off(model, tokenizer, monkeypatch, value, on) -> None:
-    from conductor.local_model import prefix_reuse
+    from conductor.providers.local_model import prefix_reuse
 
     if value is None:
         monkeypatch.delenv("CONDUCTOR_PREFIX_CACHE", raising=False)

@@ -140,7 +140,7 @@ class _Client:
 
 
 def _request():
-    from conductor.requests import OrchestrateRequest
+    from conductor.plan.requests import OrchestrateRequest
 
     return OrchestrateRequest(question="What is 17 + 25?")
 

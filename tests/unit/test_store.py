@@ -22,9 +22,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
+from conductor.data.store import TABLES, ArtifactStore, TableName
 from conductor.errors import StoreError
-from conductor.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
-from conductor.store import TABLES, ArtifactStore, TableName
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 RUN_TABLES: tuple[TableName, ...] = ("runs", "steps")
@@ -280,8 +280,8 @@ def test_compaction_merges_pairs_files(store: ArtifactStore):
 _CHILD = textwrap.dedent(
     """
     import os, sys
-    from conductor.records import StepRecord
-    from conductor.store import TABLES, ArtifactStore, TableName
+    from conductor.data.records import StepRecord
+    from conductor.data.store import TABLES, ArtifactStore, TableName
 
     root, mode, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store, tag = ArtifactStore(root), str(os.getpid())

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from conductor.data.verify import answer_key
 from conductor.errors import ConductorError, PoolConfigError
-from conductor.plan import RawPlan, validate_plan
-from conductor.pool import load_pool, pool_from_dict
-from conductor.strategies import (
+from conductor.plan.parse import RawPlan, validate_plan
+from conductor.plan.strategies import (
     majority_vote,
     parse_strategy,
     random_plan,
     random_plan_seed,
     self_consistency_plan,
 )
-from conductor.verify import answer_key
+from conductor.pool import load_pool, pool_from_dict
 
 POOL = pool_from_dict(
     {
@@ -170,7 +170,7 @@ def _validates(model: type, text: str) -> bool:
 
 
 def test_pattern_and_parser_agree_on_every_combination():
-    from conductor.requests import EvalRequest, OrchestrateRequest
+    from conductor.plan.requests import EvalRequest, OrchestrateRequest
 
     disagree = [
         t
@@ -192,8 +192,8 @@ def test_pattern_and_parser_agree_on_every_combination():
 def test_every_accepted_strategy_passes_the_pattern(text):
     import re
 
-    from conductor.requests import EvalRequest
-    from conductor.strategies import STRATEGY_PATTERN
+    from conductor.plan.requests import EvalRequest
+    from conductor.plan.strategies import STRATEGY_PATTERN
 
     s = parse_strategy(text, POOL)
     assert re.fullmatch(STRATEGY_PATTERN, str(s))  # also the canonical form
@@ -208,7 +208,7 @@ def test_every_accepted_strategy_passes_the_pattern(text):
 def test_bad_strategies_fail_parser_and_pattern(text):
     from pydantic import ValidationError
 
-    from conductor.requests import EvalRequest, OrchestrateRequest
+    from conductor.plan.requests import EvalRequest, OrchestrateRequest
 
     with pytest.raises(ConductorError):
         parse_strategy(text)
@@ -224,7 +224,7 @@ def test_the_form_shows_the_pattern_examples_and_the_choices():
 
     from prefect.utilities.callables import parameter_schema
 
-    from conductor.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+    from conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
     from flows.evaluate import evaluate
     from flows.orchestrate import orchestrate
 

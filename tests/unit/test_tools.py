@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from conductor._litellm import litellm
 from conductor.errors import WorkerError
-from conductor.llm import complete
 from conductor.pool import WorkerSpec
-from conductor.tools import (
+from conductor.providers._litellm import litellm
+from conductor.providers.llm import complete
+from conductor.providers.tools import (
     ToolError,
     evaluate,
     extract_code,
@@ -22,8 +22,8 @@ from conductor.tools import (
     run_python,
     run_python_tests,
 )
-from conductor.tools.provider import register, run_tool
-from conductor.tools.sandbox import TRUNCATED
+from conductor.providers.tools.provider import register, run_tool
+from conductor.providers.tools.sandbox import TRUNCATED
 
 # --- calculator ---------------------------------------------------------------------------
 
@@ -271,7 +271,7 @@ def test_extract_code_none(text: str) -> None:
         extract_code(text)
 
 
-# --- the tool provider, through litellm and conductor.llm ---------------------------------
+# --- the tool provider, through litellm and conductor.providers.llm ---------------------------------
 
 
 @pytest.fixture()

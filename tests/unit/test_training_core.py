@@ -14,19 +14,19 @@ from conductor.adapters import (
     with_conductor,
     write_adapter_meta,
 )
-from conductor.plan import parse_plan
+from conductor.plan.parse import parse_plan
+from conductor.plan.prompts import conductor_messages, render_plan
+from conductor.plan.workflow import Step, Workflow
 from conductor.pool import load_pool
-from conductor.prompts import conductor_messages, render_plan
-from conductor.rewards import (
+from conductor.training.config import TrainConductorRequest, should_promote
+from conductor.training.rewards import (
     ExecutedPlanReward,
     RolloutOutcome,
     TokenCostPenalty,
     completion_text,
     plan_format_reward,
 )
-from conductor.training import TrainConductorRequest, should_promote
-from conductor.warm_start import warm_start_examples
-from conductor.workflow import Step, Workflow
+from conductor.training.warm_start import warm_start_examples
 
 POOL = load_pool()
 # The embedded pool's conductor is the shipped adapter; BASE has the untrained SmolLM2.
@@ -218,7 +218,7 @@ def test_request_checks_the_group_size():
 
 
 def test_a_pool_naming_an_adapter_gets_the_prompt_it_was_trained_with(tmp_path):
-    from conductor.prompts import prompt_style
+    from conductor.plan.prompts import prompt_style
 
     (tmp_path / "adapter_config.json").write_text("{}")
     write_adapter_meta(tmp_path, "smollm2-135m-instruct", "compact")

@@ -9,8 +9,8 @@ from prefect.settings import (
     temporary_settings,
 )
 
-from conductor.requests import EvalResult, RunResult
-from conductor.workflow import Step, Workflow
+from conductor.plan.requests import EvalResult, RunResult
+from conductor.plan.workflow import Step, Workflow
 from flows.runtime import result_storage
 from tasks.artifacts import answer_markdown, eval_summary_rows, plan_markdown
 from tasks.workers import step_run_name

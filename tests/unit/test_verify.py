@@ -1,4 +1,4 @@
-"""Unit tests for conductor.verify (issue #3): math, mc, text and code verifiers, reward."""
+"""Unit tests for conductor.data.verify (issue #3): math, mc, text and code verifiers, reward."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import types
 
 import pytest
 
-import conductor.verify as verify_mod
-from conductor.datasets import DatasetError, Example, load_dataset
-from conductor.errors import ConductorError
-from conductor.verify import (
+import conductor.data.verify as verify_mod
+from conductor.data.datasets import DatasetError, Example, load_dataset
+from conductor.data.verify import (
     Verdict,
     extract_code,
     normalize_text,
@@ -25,6 +24,7 @@ from conductor.verify import (
     verify_mc,
     verify_text,
 )
+from conductor.errors import ConductorError
 
 
 def test_doctests():
@@ -246,12 +246,14 @@ def test_extract_code(text, code):
 
 def _sandbox_available() -> bool:
     try:
-        return importlib.util.find_spec("conductor.tools.sandbox") is not None
+        return importlib.util.find_spec("conductor.providers.tools.sandbox") is not None
     except ModuleNotFoundError:
         return False
 
 
-@pytest.mark.skipif(not _sandbox_available(), reason="conductor.tools.sandbox not written yet")
+@pytest.mark.skipif(
+    not _sandbox_available(), reason="conductor.providers.tools.sandbox not written yet"
+)
 def test_verify_code_with_the_real_sandbox():
     assert verify(HE0, f"```python\n{CORRECT_FUNCTION}```").correct
     assert not verify(HE0, f"```python\n{WRONG_FUNCTION}```").correct
@@ -266,7 +268,7 @@ def test_sandbox_adapter_maps_results(monkeypatch):
         return types.SimpleNamespace(returncode=rc, timed_out=timed_out, stdout="", stderr="E!")
 
     fake = types.SimpleNamespace(run_python_tests=run_python_tests)
-    monkeypatch.setitem(sys.modules, "conductor.tools.sandbox", fake)
+    monkeypatch.setitem(sys.modules, "conductor.providers.tools.sandbox", fake)
     assert sandbox_run_tests("ok", "t", "f") == (True, "all tests passed")
     assert sandbox_run_tests("fail", "t", "f") == (False, "tests failed (exit 1): E!")
     assert sandbox_run_tests("slow", "t", "f") == (False, "timed out after 10 s")
@@ -274,8 +276,8 @@ def test_sandbox_adapter_maps_results(monkeypatch):
 
 
 def test_sandbox_adapter_missing_module(monkeypatch):
-    monkeypatch.setitem(sys.modules, "conductor.tools.sandbox", None)  # import now fails
-    with pytest.raises(ConductorError, match="conductor.tools.sandbox"):
+    monkeypatch.setitem(sys.modules, "conductor.providers.tools.sandbox", None)  # import now fails
+    with pytest.raises(ConductorError, match="conductor.providers.tools.sandbox"):
         sandbox_run_tests("p", "t", "f")
 
 

@@ -27,8 +27,8 @@ from typing import Any
 import networkx as nx
 
 from conductor.errors import PlanError
+from conductor.plan.workflow import Step, Workflow
 from conductor.pool import Pool
-from conductor.workflow import Step, Workflow
 
 __all__ = [
     "MAX_INSTRUCTION_CHARS",

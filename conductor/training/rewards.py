@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conductor.errors import PlanError
-from conductor.plan import parse_plan
+from conductor.plan.parse import parse_plan
 from conductor.pool import Pool
 
 __all__ = [

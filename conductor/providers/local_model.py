@@ -14,8 +14,9 @@ sampling parameters and run as one left-padded ``generate`` call, each request e
 own ``max_tokens``, EOS or stop string. Prompt prefixes are computed once: a lone request
 starts from the kept states of an earlier prompt that begins as its own does, and a batch
 from the prefix its rows share (the conductor's system prompt is the same for every
-question; ``conductor._prefix_cache``). Loads and ``generate`` calls all run on one model
-thread (:class:`~conductor._batching.ModelThread`, which explains why), whichever thread asked.
+question; ``conductor.providers._prefix_cache``). Loads and ``generate`` calls all run on one
+model thread (:class:`~conductor.providers._batching.ModelThread`, which explains why),
+whichever thread asked.
 
 Optional params beyond OpenAI's: ``min_tokens`` and ``ignore_eos`` (as in vLLM).
 """
@@ -48,7 +49,10 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
-from conductor._batching import (
+from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
+from conductor.errors import WorkerError
+from conductor.home import models_dir
+from conductor.providers._batching import (
     BatchStats,
     Completion,
     GenerationRequest,
@@ -57,11 +61,8 @@ from conductor._batching import (
     generate_group,
     group_key,
 )
-from conductor._litellm import fill_response, litellm, register_provider
-from conductor._prefix_cache import PrefixCache
-from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
-from conductor.errors import WorkerError
-from conductor.home import models_dir
+from conductor.providers._litellm import fill_response, litellm, register_provider
+from conductor.providers._prefix_cache import PrefixCache
 
 CustomLLM = litellm.CustomLLM
 ModelResponse = litellm.ModelResponse
@@ -139,10 +140,11 @@ class LocalModel:
     """A model and its tokenizer; ``generate`` is thread-safe and micro-batched.
 
     Concurrent ``generate`` calls (parallel plan steps in Prefect's thread pool, eval batches)
-    are gathered by a :class:`~conductor._batching.MicroBatcher` into one ``model.generate``
-    per group of compatible sampling parameters, up to ``max_batch`` rows. Greedy output does
-    not depend on the batch: rows are left-padded and generate derives each row's position ids
-    from the attention mask, so a row sees exactly the positions and keys it would alone.
+    are gathered by a :class:`~conductor.providers._batching.MicroBatcher` into one
+    ``model.generate`` per group of compatible sampling parameters, up to ``max_batch`` rows.
+    Greedy output does not depend on the batch: rows are left-padded and generate derives
+    each row's position ids from the attention mask, so a row sees exactly the positions and
+    keys it would alone.
     """
 
     def __init__(

@@ -2,9 +2,9 @@
 
 ``litellm.completion(model="tool/calculator", messages=...)`` evaluates the arithmetic in the
 step's subtask; ``tool/python`` runs the code it finds in the sandbox. Call :func:`register`
-once before the first completion (``conductor.llm`` does it for ``tool/...`` models).
+once before the first completion (``conductor.providers.llm`` does it for ``tool/...`` models).
 
-Where the input comes from (``conductor.prompts.worker_messages``: the question as a system
+Where the input comes from (``conductor.plan.prompts.worker_messages``: the question as a system
 turn, each visible step as a user/assistant pair, the subtask as the last user turn):
 
 - calculator: an expression with an operator in the last user message, else in the earlier
@@ -12,7 +12,7 @@ turn, each visible step as a user/assistant pair, the subtask as the last user t
 - python: code in the last user message, else in the latest assistant message holding some.
 
 Tools use no tokens: usage is 0/0, priced at 0 by the pool. Failures raise ``ToolError``
-(never retryable), which ``conductor.llm.classify_error`` finds under litellm's wrapper.
+(never retryable), which ``conductor.providers.llm.classify_error`` finds under litellm's wrapper.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from conductor._litellm import fill_response, litellm, register_provider
-from conductor.tools import ToolError
-from conductor.tools.calculator import evaluate, extract_expression
-from conductor.tools.sandbox import extract_code, run_python
+from conductor.providers._litellm import fill_response, litellm, register_provider
+from conductor.providers.tools import ToolError
+from conductor.providers.tools.calculator import evaluate, extract_expression
+from conductor.providers.tools.sandbox import extract_code, run_python
 
 __all__ = [
     "PROVIDER",
@@ -112,8 +112,8 @@ def run_tool(name: str, messages: list[dict[str, Any]], timeout_s: float | None 
     return tool(messages, timeout_s)
 
 
-# litellm comes through conductor._litellm only, which configures it before its first import
-# (offline price map); a ``from litellm import ...`` here could be that first import.
+# litellm comes through conductor.providers._litellm only, which configures it before its first
+# import (offline price map); a ``from litellm import ...`` here could be that first import.
 class ToolLLM(litellm.CustomLLM):
     """litellm handler for ``tool/<name>``; see the module docstring."""
 

@@ -5,14 +5,14 @@ An adapter directory is what PEFT's ``save_pretrained`` writes (``adapter_config
 
 - ``base``: the local model the adapter applies to (``smollm2-135m-instruct``, or an HF
   model directory), loaded through the same code as ``local/…`` workers;
-- ``prompt``: the prompt style it was trained with (``conductor.prompts.PromptStyle``);
+- ``prompt``: the prompt style it was trained with (``conductor.plan.prompts.PromptStyle``);
 - ``provenance``: how it was made (command, MLflow run, data, steps, wall time).
 
 A conductor reference is a directory, ``models:/conductor@champion`` (or any MLflow model
 URI: the registered artifacts are downloaded once under ``$CONDUCTOR_HOME/models``), or
 ``embedded`` for the adapter shipped inside this package. ``local/<adapter dir>`` serves it
 through litellm; the local provider keeps one base model in memory for the adapter and for
-the workers that use the base (``conductor.local_model``).
+the workers that use the base (``conductor.providers.local_model``).
 """
 
 from __future__ import annotations

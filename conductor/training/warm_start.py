@@ -5,7 +5,7 @@ wrote no valid plan in 12 samples (issue #8), so every group had zero variance. 
 supervised stage first teaches the *format* from runs that already happened and were
 verified correct, whatever strategy made them (single workers, random plans that happened
 to work, earlier conductors). Each becomes one example: the conductor prompt for its question
-(``conductor.prompts``, the same text as serving) and its plan rendered in the paper's
+(``conductor.plan.prompts``, the same text as serving) and its plan rendered in the paper's
 three-list format.
 
 What it never reads: the dataset's reference answers and the generator's ``expression``
@@ -22,9 +22,9 @@ from typing import Any
 
 import pandas as pd
 
+from conductor.plan.prompts import conductor_messages, render_plan
+from conductor.plan.workflow import Step, Workflow
 from conductor.pool import Pool
-from conductor.prompts import conductor_messages, render_plan
-from conductor.workflow import Step, Workflow
 
 __all__ = ["WARM_START_COLUMNS", "warm_start_examples"]
 

@@ -1,10 +1,10 @@
-"""Verifiers: is an answer correct for an :class:`~conductor.datasets.Example`? (issue #3).
+"""Verifiers: is an answer correct for an :class:`~conductor.data.datasets.Example`? (issue #3).
 
 Answers are model output, so hostile input: every pattern here is linear (no nested
 quantifiers), number search looks at the last ``_TAIL_CHARS`` characters only, and code is
 never executed in this process. ``verify_code`` hands the program to an injected
 ``run_tests(program, tests, entry_point) -> (passed, log)``; the default runs it in the
-subprocess sandbox of ``conductor.tools.sandbox``.
+subprocess sandbox of ``conductor.providers.tools.sandbox``.
 
 ``reward`` is the Conductor's outcome reward (arXiv 2512.04388): 0 for an unparseable plan,
 0.5 for a valid plan with a wrong answer, 1 for a correct answer.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from conductor.datasets import DatasetError, Example
+from conductor.data.datasets import DatasetError, Example
 from conductor.errors import ConductorError
 
 __all__ = [
@@ -243,13 +243,13 @@ def extract_code(text: str) -> str:
 def sandbox_run_tests(program: str, tests: str, entry_point: str) -> tuple[bool, str]:
     """The default ``run_tests``: the subprocess sandbox, ``SANDBOX_TIMEOUT_S`` per program."""
     try:  # imported here so this module loads before (or without) the sandbox
-        from conductor.tools.sandbox import run_python_tests
+        from conductor.providers.tools.sandbox import run_python_tests
     except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("conductor.tools"):
+        if not (exc.name or "").startswith("conductor.providers.tools"):
             raise
         raise ConductorError(
-            "verify_code needs the sandbox conductor.tools.sandbox, which is not installed; "
-            "pass run_tests= to use another runner"
+            "verify_code needs the sandbox conductor.providers.tools.sandbox, which is not "
+            "installed; pass run_tests= to use another runner"
         ) from exc
     result = run_python_tests(program, tests, entry_point, timeout_s=SANDBOX_TIMEOUT_S)
     if result.timed_out:

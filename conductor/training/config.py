@@ -3,13 +3,13 @@
 One request (``TrainConductorRequest``, the parameters of the ``train-conductor`` flow and so
 a form in the Prefect UI) and one config per stage, built here and nowhere else:
 
-- warm start: TRL ``SFTConfig`` on verified-correct runs (``conductor.warm_start``);
+- warm start: TRL ``SFTConfig`` on verified-correct runs (``conductor.training.warm_start``);
 - GRPO: TRL ``GRPOConfig``. The Conductor paper's settings (arXiv 2512.04388) are the
   defaults where they transfer: temperature 1.0, KL coefficient ``beta=0``, a cosine
   schedule. Where we depart, and why: LoRA (PEFT) instead of full fine-tuning, so the
   learning rate is 5e-5 rather than 1e-6; groups of 4 rollouts rather than 64 and plans of
   at most 128 tokens rather than 1,024, since a step costs tens of seconds on 2 CPU cores;
-  the compact prompt (``conductor.prompts``) for the same reason.
+  the compact prompt (``conductor.plan.prompts``) for the same reason.
 
 The trainable base is built from dequantized weights: transformers refuses to train a model
 loaded with ``gguf_file=`` (it is marked GGUF-quantized), so SmolLM2 comes from the local
@@ -208,7 +208,7 @@ def grpo_config(
 
 def load_trainable_base(name: str) -> tuple[Any, Any]:
     """The base model (fp32, dense weights) and tokenizer that an adapter trains on."""
-    from conductor.local_model import load_weights
+    from conductor.providers.local_model import load_weights
 
     model, tokenizer = load_weights(name)
     if tokenizer.pad_token is None:

@@ -2,7 +2,7 @@
 
 Steps are numbered from 0, as in the conductor's own list literals (arXiv 2512.04388):
 ``access_list[i]`` names earlier step indices. ``Workflow`` is built only by
-``conductor.plan.parse_plan`` (or by ``Workflow.single_step`` for the fallback), so every
+``conductor.plan.parse.parse_plan`` (or by ``Workflow.single_step`` for the fallback), so every
 instance has passed validation.
 """
 

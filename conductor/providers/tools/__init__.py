@@ -1,9 +1,9 @@
 """Tool workers (issue #3): a safe calculator and a sandboxed Python runner.
 
-They are called like any model, through litellm: ``conductor.tools.provider`` registers the
-``tool`` provider, so a pool worker ``{kind: tool, model: tool/calculator}`` is routed by
-``conductor.llm.complete`` like an LLM. This package imports neither litellm nor the
-provider; import ``conductor.tools.provider`` for that.
+They are called like any model, through litellm: ``conductor.providers.tools.provider``
+registers the ``tool`` provider, so a pool worker ``{kind: tool, model: tool/calculator}``
+is routed by ``conductor.providers.llm.complete`` like an LLM. This package imports neither
+litellm nor the provider; import ``conductor.providers.tools.provider`` for that.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class ToolError(WorkerError):
 
 
 # Defined above before these imports, because the submodules import ToolError from here.
-from conductor.tools.calculator import evaluate, extract_expression  # noqa: E402
-from conductor.tools.sandbox import (  # noqa: E402
+from conductor.providers.tools.calculator import evaluate, extract_expression  # noqa: E402
+from conductor.providers.tools.sandbox import (  # noqa: E402
     SandboxResult,
     extract_code,
     run_python,

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from conductor.tools import ToolError
+from conductor.providers.tools import ToolError
 
 __all__ = ["evaluate", "extract_expression", "format_number"]
 

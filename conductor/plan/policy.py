@@ -2,16 +2,16 @@
 
 ``ConductorPolicy`` is the one-method interface; ``LiteLLMPolicy`` prompts any litellm model
 (the embedded default is SmolLM2 on the CPU). The GRPO issue adds a local model with a LoRA
-adapter behind the same interface, using the same prompt from ``conductor.prompts``.
+adapter behind the same interface, using the same prompt from ``conductor.plan.prompts``.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from conductor.llm import Completion, complete
+from conductor.plan.prompts import conductor_messages
 from conductor.pool import Pool
-from conductor.prompts import conductor_messages
+from conductor.providers.llm import Completion, complete
 
 __all__ = ["ConductorPolicy", "LiteLLMPolicy"]
 

@@ -23,7 +23,7 @@ round differently and flip a near-tie, as batching itself may).
 
 Only models whose every cache layer is a plain full-attention ``DynamicLayer`` take part (a
 sliding-window layer keeps only part of the past). Not thread-safe: it lives on the model
-thread, as every ``generate`` does (``conductor._batching.ModelThread``).
+thread, as every ``generate`` does (``conductor.providers._batching.ModelThread``).
 """
 
 from __future__ import annotations

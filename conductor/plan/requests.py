@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from conductor.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+from conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
 
 __all__ = ["EvalRequest", "EvalResult", "OrchestrateRequest", "RunResult", "StrategyText"]
 

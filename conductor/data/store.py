@@ -35,9 +35,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
 from conductor.errors import StoreError
 from conductor.home import artifacts_location
-from conductor.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
 
 if TYPE_CHECKING:  # pyarrow imports pandas itself in to_pandas(); importing it costs 0.6 s
     import pandas as pd
@@ -161,7 +161,7 @@ class ArtifactStore:
         """Write OrchRM pairs as one new file of ``pairs``; the path, or None when ``table`` is
         empty.
 
-        ``table`` must have exactly the columns of :data:`conductor.records.PAIRS_SCHEMA`, in
+        ``table`` must have exactly the columns of :data:`conductor.data.records.PAIRS_SCHEMA`, in
         any order and of any type that casts safely (``reward_model.pairs.pairs_table`` builds
         one); the text columns and ``split`` ("train"/"test") must not be null.
         """

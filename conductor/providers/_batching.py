@@ -40,7 +40,7 @@ when the leader was a worker thread, against 8.8-9.7 s from the main thread, wit
 system time; an eval where many threads take the lead in turn makes a team per thread. With
 every call on one long-lived thread there is a single team, and the batch takes 7.2-10 s from
 any caller (issue #3, ``benchmarks/local_inference.py``). How many threads that team has is
-:func:`conductor.local_model.torch_threads`.
+:func:`conductor.providers.local_model.torch_threads`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from conductor._prefix_cache import PrefixCache, cache_kwarg, returned_cache
+from conductor.providers._prefix_cache import PrefixCache, cache_kwarg, returned_cache
 
 __all__ = [
     "BatchStats",
@@ -352,8 +352,8 @@ def generate_group(
 ) -> list[Completion]:
     """One ``model.generate`` for requests that share sampling parameters.
 
-    With a ``prefix_cache`` (conductor._prefix_cache), the rows start from the kept states of
-    a prompt that begins as theirs do, or from the prefix they all share, computed once; a
+    With a ``prefix_cache`` (conductor.providers._prefix_cache), the rows start from the kept
+    states of a prompt that begins as theirs do, or from the prefix they all share, computed once; a
     lone request's whole prompt is kept for the next.
     """
     # Tokenizing here, in the one thread running the batch: a fast tokenizer shared by

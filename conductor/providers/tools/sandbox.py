@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from conductor.tools import ToolError
+from conductor.providers.tools import ToolError
 
 __all__ = ["SandboxResult", "run_python", "run_python_tests", "extract_code", "TRUNCATED"]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conductor.errors import ConductorError
+from conductor.plan.workflow import Step, Workflow
 from conductor.pool import Pool
-from conductor.workflow import Step, Workflow
 
 __all__ = [
     "SELF_CONSISTENCY_TEMPERATURE",

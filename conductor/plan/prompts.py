@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Literal
 
 from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
+from conductor.plan.workflow import Workflow
 from conductor.pool import Pool
-from conductor.workflow import Workflow
 
 __all__ = [
     "FORMAT_RULES",

@@ -1,0 +1,10 @@
+"""Data: the questions, how answers are judged, and the intermediate-artifact dataset.
+
+- ``datasets``: built-in and user question sets (``Example``), seeded splits;
+- ``verify``: verifiers (math, multiple choice, text, code) returning a ``Verdict``;
+- ``records``: ``RunRecord`` / ``StepRecord`` rows and the Parquet schemas;
+- ``store``: ``ArtifactStore``, the Parquet dataset (local disk or any pyarrow filesystem).
+
+May import: ``conductor.errors``, ``conductor.home`` and ``conductor.providers.tools``
+(code answers are tested in the sandbox). Never ``plan`` or ``training``.
+"""
