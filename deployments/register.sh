@@ -2,8 +2,9 @@
 # Create the work pools (if missing) and register every deployment in prefect.yaml against the
 # server PREFECT_API_URL points at.
 #
-# The deployments' conductor home (artifacts, MLflow, model cache) is $CONDUCTOR_HOME, default
-# ~/.conductor, stored as an absolute path in each deployment's job variables: a worker in any
+# The deployments' conductor home (artifacts, MLflow) is the one every `conductor` command
+# uses: $CONDUCTOR_HOME, default ~/.conductor (conductor.home decides, so the two never
+# differ), stored as an absolute path in each deployment's job variables: a worker in any
 # directory writes there. Nothing else about this machine (no working directory) is stored.
 #   CONDUCTOR_HOME=/shared/conductor bash deployments/register.sh
 set -euo pipefail
@@ -15,9 +16,12 @@ if [[ -z "${PREFECT_API_URL:-}" ]] && ! prefect config view 2>/dev/null | grep -
   exit 2
 fi
 
-home="${CONDUCTOR_HOME:-$HOME/.conductor}"
-mkdir -p "$home"
-CONDUCTOR_HOME="$(cd "$home" && pwd)"  # absolute, relative to where this script was started
+# Absolute, relative to where this script was started; the same rule as the commands'.
+if ! CONDUCTOR_HOME="$(python -c 'from conductor.home import conductor_home; print(conductor_home())')"; then
+  echo "error: cannot import conductor; activate the environment prefect-conductor is installed in" >&2
+  exit 2
+fi
+mkdir -p "$CONDUCTOR_HOME"
 export CONDUCTOR_HOME
 
 prefect work-pool inspect conductor-process >/dev/null 2>&1 \

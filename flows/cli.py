@@ -443,6 +443,11 @@ def main() -> None:
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)
         ours.propagate = False  # Prefect's root console handler would print it twice
+    from conductor.home import legacy_home_notice
+
+    notice = legacy_home_notice()
+    if notice:
+        print(notice, file=sys.stderr)
     try:
         app(standalone_mode=True)
     except ConductorError as exc:

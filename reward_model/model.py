@@ -108,12 +108,12 @@ def _on_gpu() -> bool:
 
 def _backbone_dir(base: str) -> Path:
     """A directory with the base's dense weights (the local cache for SmolLM2)."""
-    from conductor.home import models_dir
+    from conductor.home import model_cache_dir
     from conductor.providers.local_model import SMOLLM2, load_weights
 
     if base == SMOLLM2:
         load_weights(SMOLLM2)  # writes the dense cache once (the GGUF cannot be trained)
-        return models_dir() / SMOLLM2
+        return model_cache_dir() / SMOLLM2
     path = Path(base).expanduser()
     if not (path / "config.json").is_file():
         raise RewardModelError(

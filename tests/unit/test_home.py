@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from conductor.home import artifacts_location, conductor_home, mlflow_artifacts_dir
+from conductor.home import (
+    artifacts_location,
+    conductor_home,
+    default_home,
+    legacy_home_notice,
+    mlflow_artifacts_dir,
+    model_cache_dir,
+)
 from tasks.tracking import experiment_artifact_location, log_eval, mlflow_experiment, tracking_uri
 
 
@@ -21,12 +28,61 @@ def test_the_home_is_absolute_wherever_it_is_read(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CONDUCTOR_HOME", "state")
     assert conductor_home() == tmp_path / "state" and conductor_home().is_absolute()
-    monkeypatch.delenv("CONDUCTOR_HOME")
-    monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
-    assert conductor_home() == tmp_path / ".conductor"
-    assert artifacts_location() == str(tmp_path / ".conductor" / "artifacts")
     monkeypatch.setenv("CONDUCTOR_HOME", "~/somewhere")
     assert conductor_home() == Path.home() / "somewhere"
+
+
+@pytest.fixture()
+def user(tmp_path, monkeypatch):
+    """A user's $HOME and a working directory apart, no CONDUCTOR_* or XDG variables."""
+    (tmp_path / "user").mkdir()
+    (tmp_path / "project").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    for name in ("CONDUCTOR_HOME", "CONDUCTOR_ARTIFACTS", "CONDUCTOR_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path / "project")
+    return tmp_path
+
+
+def test_the_default_home_is_per_user_in_every_directory(user, monkeypatch):
+    assert conductor_home() == user / "user" / ".conductor" == default_home()
+    assert artifacts_location() == str(user / "user" / ".conductor" / "artifacts")
+    monkeypatch.chdir(user)
+    assert conductor_home() == user / "user" / ".conductor"
+    (user / "project" / ".conductor").mkdir()  # an empty directory is no home
+    monkeypatch.chdir(user / "project")
+    assert conductor_home() == user / "user" / ".conductor"
+    assert legacy_home_notice() is None
+
+
+def test_a_legacy_project_home_keeps_working_and_is_announced_once(user):
+    legacy = user / "project" / ".conductor"
+    (legacy / "artifacts").mkdir(parents=True)
+    assert conductor_home() == legacy
+    notice = legacy_home_notice()
+    assert notice is not None and str(legacy) in notice and str(default_home()) in notice
+    assert legacy_home_notice() is None  # said once per home
+    assert conductor_home() == legacy
+
+
+def test_the_variable_wins_over_a_legacy_home(user, monkeypatch):
+    (user / "project" / ".conductor" / "mlflow.db").parent.mkdir(parents=True)
+    (user / "project" / ".conductor" / "mlflow.db").touch()
+    monkeypatch.setenv("CONDUCTOR_HOME", str(user / "elsewhere"))
+    assert conductor_home() == user / "elsewhere"
+    assert legacy_home_notice() is None
+
+
+def test_the_model_cache_depends_on_neither_the_home_nor_the_directory(user, monkeypatch):
+    cache = user / "user" / ".cache" / "conductor" / "models"
+    assert model_cache_dir() == cache
+    monkeypatch.setenv("CONDUCTOR_HOME", str(user / "a"))
+    monkeypatch.chdir(user)
+    assert model_cache_dir() == cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(user / "xdg"))
+    assert model_cache_dir() == user / "xdg" / "conductor" / "models"
+    monkeypatch.setenv("CONDUCTOR_CACHE", "~/models-here")
+    assert model_cache_dir() == user / "user" / "models-here" / "models"
 
 
 def test_experiments_of_a_local_store_go_under_the_home_and_a_servers_to_the_server(home):
