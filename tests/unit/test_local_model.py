@@ -57,6 +57,7 @@ def tiny_model(vocab_size: int) -> LlamaForCausalLM:
 @pytest.fixture(autouse=True)
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CONDUCTOR_CACHE", str(tmp_path / "home"))  # models/ below it
     return tmp_path / "home"
 
 
