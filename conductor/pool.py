@@ -113,6 +113,13 @@ class Pool(BaseModel):
     default_worker: str | None = None
     max_steps: int = Field(default=5, ge=1, le=128)
     share_question: bool = True
+    sandbox: Literal["isolated", "process"] = Field(
+        default="isolated",
+        description="How the python tool runs model-written code. isolated: kernel namespaces "
+        "(no network, no other process, nothing of the host writable; fails closed where they "
+        "are unavailable). process: rlimits only, as the calling user; every run logs a warning "
+        "and the step records it (issue #17).",
+    )
     source: str = Field(default="<memory>", exclude=True, description="Where the pool came from.")
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from conductor.plan.prompts import worker_messages
 from conductor.plan.workflow import Step
 from conductor.pool import Pool, WorkerSpec
 from conductor.providers.llm import Completion, complete
+from conductor.providers.tools import SANDBOXED_MODELS
 
 __all__ = ["StepOutcome", "run_step", "step_messages", "step_run_name", "step_task_for"]
 
@@ -44,6 +45,7 @@ class StepOutcome(BaseModel):
     started_at: datetime
     finished_at: datetime
     children: tuple[StepRecord, ...] = ()  # nested steps of a recursion round
+    sandbox: str | None = None  # the pool's sandbox mode, for steps that ran model-written code
 
     @staticmethod
     def now() -> datetime:
@@ -82,8 +84,10 @@ def call_with_fallbacks(
     """Try the worker, then each of its fallbacks; raise the first error if all fail."""
     errors: list[WorkerError] = []
     for spec in (worker, *(pool.worker(n) for n in worker.fallbacks)):
+        # Tools get the pool's sandbox setting (issue #17); the calculator ignores it.
+        extra = {"sandbox": pool.sandbox} if spec.kind == "tool" else {}
         try:
-            return complete(spec, messages)
+            return complete(spec, messages, **extra)
         except WorkerError as exc:
             errors.append(exc)
     first = errors[0]
@@ -143,6 +147,7 @@ def run_step(
         output_tokens=result.output_tokens,
         cost_usd=result.cost_usd,
         latency_s=result.latency_s,
+        sandbox=pool.sandbox if result.model in SANDBOXED_MODELS else None,
     )
 
 

@@ -54,6 +54,11 @@ class StepRecord(BaseModel):
     latency_s: float | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    sandbox: str | None = Field(
+        default=None,
+        description="How a code-running tool ran this step: isolated or process (issue #17); "
+        "null for every other worker, and in files written before the column existed.",
+    )
 
 
 class RunRecord(BaseModel):
@@ -108,6 +113,7 @@ STEPS_SCHEMA = pa.schema(
         ("latency_s", pa.float64()),
         ("started_at", _TS),
         ("finished_at", _TS),
+        ("sandbox", pa.string()),
     ]
 )
 

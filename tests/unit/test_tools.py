@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -204,9 +205,22 @@ def test_run_python_truncates_output() -> None:
 
 
 def test_run_python_fresh_cwd_removed_after() -> None:
-    code = "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd())\nprint(sorted(os.listdir()))"
+    """Isolated: the cwd is /sandbox, a private tmpfs; nothing of one run reaches the next."""
+    code = (
+        "import os\nprint(sorted(os.listdir()))\nopen('scratch.txt', 'w').write('x')\n"
+        "print(os.getcwd())\nprint(sorted(os.listdir()))"
+    )
     first = run_python(code).stdout.splitlines()
     second = run_python(code).stdout.splitlines()
+    assert first == second == ["['main.py']", "/sandbox", "['main.py', 'scratch.txt']"]
+    assert not Path("/sandbox/scratch.txt").exists()  # not on the host
+
+
+def test_run_python_process_mode_fresh_cwd_removed_after() -> None:
+    """``sandbox: process``: a fresh host temporary directory per run, removed after."""
+    code = "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd())\nprint(sorted(os.listdir()))"
+    first = run_python(code, mode="process").stdout.splitlines()
+    second = run_python(code, mode="process").stdout.splitlines()
     assert first[1] == "['main.py', 'scratch.txt']"  # nothing but the script it wrote itself
     assert first[0] != second[0]
     assert Path(first[0]).parent == Path(tempfile.gettempdir()).resolve()
@@ -227,18 +241,35 @@ def _dead(pid: int) -> bool:
     return False
 
 
+def _host_pids(marker: str) -> list[int]:
+    """Host processes whose command line holds ``marker`` (and are not zombies)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    if not _dead(int(entry.name)):
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 _FORK = (
-    "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1000)\nprint(pid, flush=True)\n"
+    "import os, time\npid = os.fork()\nif pid == 0:\n"
+    "    os.execv('/bin/sleep', ['sleep', '{marker}'])\nprint(pid, flush=True)\n"
 )
 
 
+@pytest.mark.parametrize("mode", ["isolated", "process"])
 @pytest.mark.parametrize("parent", ["exits", "hangs"])
-def test_run_python_kills_forked_grandchild(parent: str) -> None:
-    code = _FORK + ("time.sleep(1000)\n" if parent == "hangs" else "")
-    result = run_python(code, timeout_s=1)
+def test_run_python_kills_forked_grandchild(parent: str, mode: str) -> None:
+    marker = f"1000.{os.getpid()}{len(parent)}{len(mode)}"  # a unique sleep argument
+    code = _FORK.format(marker=marker) + ("time.sleep(1000)\n" if parent == "hangs" else "")
+    result = run_python(code, timeout_s=1, mode=mode)  # type: ignore[arg-type]
     assert result.timed_out is (parent == "hangs")
-    grandchild = int(result.stdout.split()[0])
-    assert _dead(grandchild)
+    assert int(result.stdout.split()[0]) > 0  # the fork happened
+    assert _host_pids(marker) == []
 
 
 def test_run_python_tests_humaneval_style() -> None:

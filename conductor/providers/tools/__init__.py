@@ -11,14 +11,21 @@ from __future__ import annotations
 from conductor.errors import WorkerError
 
 __all__ = [
+    "SANDBOXED_MODELS",
     "ToolError",
     "SandboxResult",
+    "SandboxUnavailable",
     "evaluate",
     "extract_code",
     "extract_expression",
     "run_python",
     "run_python_tests",
+    "run_sandboxed",
 ]
+
+# Tool models that run model-written code: a step answered by one records the pool's
+# ``sandbox`` setting (issue #17).
+SANDBOXED_MODELS = frozenset({"tool/python"})
 
 
 class ToolError(WorkerError):
@@ -32,7 +39,9 @@ class ToolError(WorkerError):
 from conductor.providers.tools.calculator import evaluate, extract_expression  # noqa: E402
 from conductor.providers.tools.sandbox import (  # noqa: E402
     SandboxResult,
+    SandboxUnavailable,
     extract_code,
     run_python,
     run_python_tests,
+    run_sandboxed,
 )

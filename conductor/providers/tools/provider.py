@@ -1,7 +1,8 @@
 """The ``tool`` litellm provider (issue #3): tools answer chat completions like a model.
 
 ``litellm.completion(model="tool/calculator", messages=...)`` evaluates the arithmetic in the
-step's subtask; ``tool/python`` runs the code it finds in the sandbox. Call :func:`register`
+step's subtask; ``tool/python`` runs the code it finds in the sandbox (isolated, unless the step
+task passes the pool's ``sandbox="process"`` as a litellm parameter). Call :func:`register`
 once before the first completion (``conductor.providers.llm`` does it for ``tool/...`` models).
 
 Where the input comes from (``conductor.plan.prompts.worker_messages``: the question as a system
@@ -24,7 +25,12 @@ from typing import Any
 from conductor.providers._litellm import fill_response, litellm, register_provider
 from conductor.providers.tools import ToolError
 from conductor.providers.tools.calculator import evaluate, extract_expression
-from conductor.providers.tools.sandbox import extract_code, run_python
+from conductor.providers.tools.sandbox import (
+    SANDBOX_MODES,
+    SandboxMode,
+    extract_code,
+    run_sandboxed,
+)
 
 __all__ = [
     "PROVIDER",
@@ -55,7 +61,11 @@ def _last_user(messages: list[dict[str, Any]]) -> int:
     raise ToolError("tool: the messages hold no user turn (the step's subtask)")
 
 
-def answer_calculator(messages: list[dict[str, Any]], timeout_s: float | None = None) -> str:
+def answer_calculator(
+    messages: list[dict[str, Any]],
+    timeout_s: float | None = None,
+    sandbox: SandboxMode = "isolated",
+) -> str:
     """Evaluate the expression of the subtask, or of the latest earlier message with one."""
     last = _last_user(messages)
     order = [messages[last]] + [messages[i] for i in range(len(messages) - 1, -1, -1) if i != last]
@@ -73,8 +83,15 @@ def answer_calculator(messages: list[dict[str, Any]], timeout_s: float | None = 
     )
 
 
-def answer_python(messages: list[dict[str, Any]], timeout_s: float | None = None) -> str:
-    """Run the subtask's code, or the latest visible answer's, and report what it printed."""
+def answer_python(
+    messages: list[dict[str, Any]],
+    timeout_s: float | None = None,
+    sandbox: SandboxMode = "isolated",
+) -> str:
+    """Run the subtask's code, or the latest visible answer's, and report what it printed.
+
+    ``sandbox`` is the pool's setting (``isolated`` unless the pool says ``process``).
+    """
     last = _last_user(messages)
     candidates = [messages[last]] + [
         m for m in reversed(messages[:last]) if m.get("role") == "assistant"
@@ -89,7 +106,7 @@ def answer_python(messages: list[dict[str, Any]], timeout_s: float | None = None
     if code is None:
         raise ToolError("python: no code in the instruction or in an earlier answer")
     limit = min(PYTHON_TIMEOUT_S, timeout_s) if timeout_s else PYTHON_TIMEOUT_S
-    result = run_python(code, timeout_s=limit)
+    result = run_sandboxed(code, mode=sandbox, timeout_s=limit)
     answer = result.stdout.rstrip("\n")
     if result.timed_out:
         answer += f"\ntimed out after {limit:g}s"
@@ -98,18 +115,25 @@ def answer_python(messages: list[dict[str, Any]], timeout_s: float | None = None
     return answer.strip("\n") or "(no output)"
 
 
-TOOLS: dict[str, Callable[[list[dict[str, Any]], float | None], str]] = {
+TOOLS: dict[str, Callable[[list[dict[str, Any]], float | None, SandboxMode], str]] = {
     "calculator": answer_calculator,
     "python": answer_python,
 }
 
 
-def run_tool(name: str, messages: list[dict[str, Any]], timeout_s: float | None = None) -> str:
+def run_tool(
+    name: str,
+    messages: list[dict[str, Any]],
+    timeout_s: float | None = None,
+    sandbox: SandboxMode = "isolated",
+) -> str:
     """Answer ``messages`` with tool ``name`` (``calculator`` or ``python``)."""
     tool = TOOLS.get(name.removeprefix(f"{PROVIDER}/"))
     if tool is None:
         raise ToolError(f"unknown tool {name!r}; known: {', '.join(f'tool/{t}' for t in TOOLS)}")
-    return tool(messages, timeout_s)
+    if sandbox not in SANDBOX_MODES:
+        raise ToolError(f"tool: sandbox must be one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}")
+    return tool(messages, timeout_s, sandbox)
 
 
 # litellm comes through conductor.providers._litellm only, which configures it before its first
@@ -138,8 +162,10 @@ class ToolLLM(litellm.CustomLLM):
     ) -> litellm.ModelResponse:
         name = f"{PROVIDER}/{model.removeprefix(f'{PROVIDER}/')}"
         seconds = float(timeout) if isinstance(timeout, int | float) else None
+        # The pool's ``sandbox:`` setting, passed by the step task as a litellm parameter.
+        sandbox = (optional_params or {}).get("sandbox", "isolated")
         try:
-            text = run_tool(name, messages, seconds)
+            text = run_tool(name, messages, seconds, sandbox)
         except ToolError as exc:
             exc.worker = exc.worker or name
             raise

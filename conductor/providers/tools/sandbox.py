@@ -1,29 +1,56 @@
-"""The Python tool (issue #3): run untrusted code in a subprocess with limits.
+"""The Python sandbox (issues #3, #17): model-written code runs under kernel isolation.
 
-``run_python`` writes the code to a file in a fresh temporary directory, which is the child's
-cwd and ``HOME`` and is removed afterwards, and runs ``python -I -B -u -X utf8`` on it:
+One entry point, :func:`run_sandboxed`; ``run_python`` and ``run_python_tests`` (HumanEval's
+``program + tests + check(entry_point)``) are thin wrappers. Nothing here ``eval``s or
+``exec``s model output in this process.
 
-- the environment is built from scratch (``PATH``, ``HOME``, ``LANG`` and two ``PYTHON*``
-  variables, which ``-I`` ignores but a shell spawned by the code would see): no API key or
-  token of the parent reaches the child;
-- rlimits set in the child before exec: address space (``memory_mb``), CPU seconds
-  (``ceil(timeout_s) + 1``), file size (10 MB), no core files. ``RLIMIT_NPROC`` is not set: it
-  counts every process of the user, so a modest value breaks callers that already run many
-  processes as that user, and root ignores it anyway;
-- a new session, so the child and anything it forks share one process group, killed as a
-  whole on timeout and after the child exits (a forked grandchild does not outlive the call;
-  one that calls ``setsid`` itself escapes, which only a container or cgroup would prevent).
+``mode="isolated"`` (the default, and always for the code verifier). A fresh interpreter runs
+:func:`_ns_main` (its source goes in with ``-c``; stdlib and ``ctypes`` only), which calls
+``unshare(2)`` for new user, mount, network, IPC, UTS and pid namespaces, then:
+
+- user: the sandbox runs as uid 0 *of its own namespace*, with every capability dropped
+  (empty bounding set, ``SECBIT_NOROOT`` locked, ``no_new_privs``). When the host user is
+  root, namespace uid 0 maps to host root only for the setup; the program runs as namespace
+  uid 1 = host ``nobody`` (65534), so it owns no host file and ``RLIMIT_NPROC`` applies (the
+  kernel ignores it for host root). Otherwise it is the host user, counted per namespace;
+- pid: the program is pid 2 under our init (pid 1); it sees only its own processes, and when
+  the init exits (the program ended, the wall clock ran out, or this process died: parent-death
+  signals) the kernel kills everything left in the namespace, ``setsid`` grandchildren too;
+- network: a fresh namespace with ``lo`` down, so there is no network at all, loopback included;
+- mount: a new root built on a tmpfs and entered with ``pivot_root``; the host root is detached.
+  It holds read-only binds of ``/usr``, ``/bin``, ``/lib*``, a few files of ``/etc``, the
+  interpreter's prefixes and site-packages, five device nodes, a fresh ``/proc`` of the new pid
+  namespace, and one size-limited tmpfs for ``/sandbox`` (cwd and ``HOME``) and ``/tmp``,
+  ``/var/tmp``, ``/dev/shm``. Nothing else of the host exists: not ``/home``,
+  ``/root``, the working tree, ``$CONDUCTOR_HOME``, ``/run`` or ``/sys``;
+- rlimits: address space, CPU seconds, file size, processes, open files, no core files;
+- an environment built from scratch (``PATH``, ``HOME``, ``LANG`` and two ``PYTHON*``).
+
+Why ``unshare(2)`` through ``ctypes`` rather than util-linux's ``unshare`` or bubblewrap: it
+needs no system package (bubblewrap is not installed by default), it lets a root host map the
+program to ``nobody`` (``unshare --map-root-user`` cannot, and without that ``RLIMIT_NPROC``
+does nothing for root), and it costs one extra interpreter start, not a chain of helpers.
+
+Fail closed: where isolation cannot be set up (user namespaces disabled by a sysctl, a
+container's seccomp or AppArmor profile; a missing helper), :class:`SandboxUnavailable` says
+why and how to fix it in one line. There is no silent fallback. ``CONDUCTOR_SANDBOX_HELPER``
+names the interpreter that runs the setup (default: this one); tests point it elsewhere.
+
+``mode="process"`` (pool setting ``sandbox: process``) is the rlimit-only runner of issue #3:
+a fresh environment, rlimits and its own session, same user and namespaces as the caller. Every
+such run logs a warning; the step records ``sandbox = "process"``.
 
 stdout and stderr go to anonymous temporary files rather than pipes: a grandchild holding a
 pipe open cannot stall the call, and only ``max_output`` characters are read back.
-
-The same sandbox runs the code verifier: ``run_python_tests`` is HumanEval's
-``program + tests + check(entry_point)``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
+import json
+import logging
 import math
 import os
 import re
@@ -32,17 +59,52 @@ import select
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Literal
 
 from conductor.providers.tools import ToolError
 
-__all__ = ["SandboxResult", "run_python", "run_python_tests", "extract_code", "TRUNCATED"]
+__all__ = [
+    "HELPER_ENV",
+    "SANDBOX_MODES",
+    "SandboxMode",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "TRUNCATED",
+    "extract_code",
+    "run_python",
+    "run_python_tests",
+    "run_sandboxed",
+]
 
+SandboxMode = Literal["isolated", "process"]
+SANDBOX_MODES: tuple[SandboxMode, ...] = ("isolated", "process")
+HELPER_ENV = "CONDUCTOR_SANDBOX_HELPER"
 TRUNCATED = "…[truncated]"
 _FILE_LIMIT = 10 * 1024 * 1024
+_NPROC = 64  # processes of the sandbox user inside its namespace (a fork storm stops here)
+_NOFILE = 256
+_SCRATCH_MB = 64
+_SETUP_GRACE_S = 10.0  # on top of timeout_s, for the setup; the init enforces timeout_s itself
+_HOME = "/sandbox"
+_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+_FIX = (
+    "or set `sandbox: process` in the pool to run model-written code with rlimits only "
+    "(no isolation)"
+)
+_log = logging.getLogger(__name__)
+
+
+class SandboxUnavailable(ToolError):
+    """Isolation cannot be set up on this machine. Never retryable, never a silent fallback."""
 
 
 @dataclass(frozen=True)
@@ -54,47 +116,12 @@ class SandboxResult:
     returncode: int
     timed_out: bool
     truncated: bool
+    mode: SandboxMode = "isolated"
 
     @property
     def passed(self) -> bool:
         """The verifier's criterion: exited 0 within the time limit."""
         return self.returncode == 0 and not self.timed_out
-
-
-def _limits(memory_mb: int, cpu_s: int) -> None:
-    """Runs in the child between fork and exec: only ``setrlimit`` calls, no imports."""
-    memory = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (_FILE_LIMIT, _FILE_LIMIT))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """Wait until ``proc`` exits, without reaping it. False on timeout.
-
-    Not reaping keeps its pid, hence its process group id, from being reused until the
-    group has been killed.
-    """
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        try:
-            return bool(select.select([fd], [], [], timeout_s)[0])
-        finally:
-            os.close(fd)
-    deadline, delay = time.monotonic() + timeout_s, 0.001
-    while True:  # no pidfd (old kernel): poll
-        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
-        if os.waitid(os.P_PID, proc.pid, flags) is not None:
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.05)
 
 
 def _read(handle: IO[bytes], max_output: int) -> tuple[str, bool]:
@@ -107,6 +134,48 @@ def _read(handle: IO[bytes], max_output: int) -> tuple[str, bool]:
     return text, False
 
 
+def run_sandboxed(
+    code: str,
+    *,
+    mode: SandboxMode = "isolated",
+    timeout_s: float = 10,
+    memory_mb: int = 512,
+    max_output: int = 10_000,
+    stdin: str | None = None,
+    scratch_mb: int = _SCRATCH_MB,
+) -> SandboxResult:
+    """Run ``code`` as ``main.py`` in a fresh interpreter; see the module docstring.
+
+    Raises :class:`SandboxUnavailable` when ``mode="isolated"`` cannot be set up.
+    """
+    if timeout_s <= 0 or memory_mb <= 0 or max_output <= 0 or scratch_mb <= 0:
+        raise ValueError("timeout_s, memory_mb, max_output and scratch_mb must be positive")
+    if mode not in SANDBOX_MODES:
+        raise ValueError(f"sandbox mode must be one of {SANDBOX_MODES}, got {mode!r}")
+    cpu_s = math.ceil(timeout_s) + 1
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryFile() as feed,
+    ):
+        feed.write((stdin or "").encode("utf-8"))
+        feed.seek(0)
+        files = (feed if stdin is not None else subprocess.DEVNULL, out, err)
+        if mode == "process":
+            _log.warning(
+                "sandbox: running model-written code with rlimits only (pool setting "
+                "`sandbox: process`): it can read other processes, use the network and write "
+                "files as this user"
+            )
+            returncode, timed_out = _run_process(code, files, timeout_s, memory_mb, cpu_s)
+        else:
+            limits = {"memory_mb": memory_mb, "cpu_s": cpu_s, "scratch_mb": scratch_mb}
+            returncode, timed_out = _run_isolated(code, files, timeout_s, limits)
+        stdout, cut_out = _read(out, max_output)
+        stderr, cut_err = _read(err, max_output)
+    return SandboxResult(stdout, stderr, returncode, timed_out, cut_out or cut_err, mode)
+
+
 def run_python(
     code: str,
     *,
@@ -114,56 +183,17 @@ def run_python(
     memory_mb: int = 512,
     max_output: int = 10_000,
     stdin: str | None = None,
+    mode: SandboxMode = "isolated",
 ) -> SandboxResult:
-    """Run ``code`` in a sandboxed interpreter; see the module docstring for the limits."""
-    if timeout_s <= 0 or memory_mb <= 0 or max_output <= 0:
-        raise ValueError("timeout_s, memory_mb and max_output must be positive")
-    cpu_s = math.ceil(timeout_s) + 1
-    with (
-        tempfile.TemporaryDirectory(
-            prefix="conductor-sandbox-", ignore_cleanup_errors=True
-        ) as workdir,
-        tempfile.TemporaryFile() as out,
-        tempfile.TemporaryFile() as err,
-        tempfile.TemporaryFile() as feed,
-    ):
-        script = os.path.join(workdir, "main.py")
-        with open(script, "w", encoding="utf-8") as fh:
-            fh.write(code)
-        feed.write((stdin or "").encode("utf-8"))
-        feed.seek(0)
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": workdir,
-            "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        # -I: no PYTHON* variables, no user site, no script dir on sys.path (site-packages
-        # stay). -B and -X utf8 do what the ignored variables say; -u keeps what was printed
-        # before a timeout kill.
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", "-u", "-X", "utf8", "main.py"],
-            cwd=workdir,
-            env=env,
-            stdin=feed if stdin is not None else subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            preexec_fn=lambda: _limits(memory_mb, cpu_s),
-            close_fds=True,
-        )
-        try:
-            timed_out = not _wait_exit(proc, timeout_s)
-        finally:
-            try:  # the child leads its own group: this ends it and whatever it forked
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            returncode = proc.wait()
-        stdout, cut_out = _read(out, max_output)
-        stderr, cut_err = _read(err, max_output)
-    return SandboxResult(stdout, stderr, returncode, timed_out, cut_out or cut_err)
+    """:func:`run_sandboxed`, kept under its issue-#3 name."""
+    return run_sandboxed(
+        code,
+        mode=mode,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_output=max_output,
+        stdin=stdin,
+    )
 
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -174,12 +204,460 @@ def run_python_tests(
 ) -> SandboxResult:
     """HumanEval-style check: ``program``, then ``tests``, then ``check(entry_point)``.
 
-    The result's ``passed`` is the verdict (exit 0, in time).
+    Always isolated. The result's ``passed`` is the verdict (exit 0, in time).
     """
     if not _IDENTIFIER.match(entry_point):
         raise ToolError(f"python: entry point must be an identifier, got {entry_point!r}")
-    return run_python(f"{program}\n{tests}\ncheck({entry_point})\n", timeout_s=timeout_s)
+    code = f"{program}\n{tests}\ncheck({entry_point})\n"
+    return run_sandboxed(code, mode="isolated", timeout_s=timeout_s)
 
+
+# --- mode "process": rlimits only (issue #3) ---------------------------------------------------
+
+
+def _limits(memory_mb: int, cpu_s: int) -> None:
+    """Runs in the child between fork and exec: only ``setrlimit`` calls, no imports."""
+    memory = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_FILE_LIMIT, _FILE_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Wait until ``proc`` exits, without reaping it (its pid, hence its process group id,
+    is not reused until the group has been killed). False on timeout."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            return bool(select.select([fd], [], [], timeout_s)[0])
+        finally:
+            os.close(fd)
+    deadline, delay = time.monotonic() + timeout_s, 0.001
+    while True:  # no pidfd (old kernel): poll
+        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.05)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> int:
+    try:  # the child leads its own group: this ends it and whatever it forked
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.wait()
+
+
+def _run_process(
+    code: str, files: tuple, timeout_s: float, memory_mb: int, cpu_s: int
+) -> tuple[int, bool]:
+    with tempfile.TemporaryDirectory(
+        prefix="conductor-sandbox-", ignore_cleanup_errors=True
+    ) as workdir:
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as fh:
+            fh.write(code)
+        # -I: no PYTHON* variables, no user site, no script dir on sys.path (site-packages
+        # stay). -B and -X utf8 do what the ignored variables say; -u keeps what was printed
+        # before a timeout kill.
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", "-u", "-X", "utf8", "main.py"],
+            cwd=workdir,
+            env={**_ENV, "HOME": workdir},
+            stdin=files[0],
+            stdout=files[1],
+            stderr=files[2],
+            start_new_session=True,
+            preexec_fn=lambda: _limits(memory_mb, cpu_s),
+            close_fds=True,
+        )
+        try:
+            timed_out = not _wait_exit(proc, timeout_s)
+        finally:
+            returncode = _kill_group(proc)
+    return returncode, timed_out
+
+
+# --- mode "isolated": namespaces ------------------------------------------------------------
+
+
+def _python_paths() -> list[str]:
+    """Directories the interpreter needs, outermost first, none inside another."""
+    paths = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    paths |= {os.path.dirname(os.path.realpath(sys.executable))}
+    paths |= {sysconfig.get_path(n) for n in ("stdlib", "platstdlib", "purelib", "platlib")}
+    real = sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)}, key=len)
+    kept: list[str] = []
+    for p in real:
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(p)
+    return kept
+
+
+@functools.cache
+def _init_source() -> str:
+    """The program the helper interpreter runs: the ``_ns_*`` functions below, then main."""
+    parts = [inspect.getsource(f) for f in (_ns_libc, _ns_setup_root, _ns_drop, _ns_main)]
+    return "\n\n".join(parts) + "\n\n_ns_main()\n"
+
+
+def _helper() -> str:
+    return os.environ.get(HELPER_ENV) or sys.executable
+
+
+def _run_isolated(
+    code: str, files: tuple, timeout_s: float, limits: dict[str, int]
+) -> tuple[int, bool]:
+    helper = _helper()
+    with (
+        tempfile.TemporaryDirectory(prefix="conductor-sandbox-") as newroot,
+        tempfile.TemporaryFile() as source,
+        tempfile.TemporaryFile() as status,
+    ):
+        source.write(code.encode("utf-8"))
+        source.seek(0)
+        config = {
+            "root": newroot,  # an empty host dir: the new root's tmpfs is mounted on it
+            "python": sys.executable,
+            "binds": _python_paths(),
+            "env": {**_ENV, "HOME": _HOME},
+            "home": _HOME,
+            "timeout_s": timeout_s,
+            "nproc": _NPROC,
+            "nofile": _NOFILE,
+            "fsize": _FILE_LIMIT,
+            "code_fd": source.fileno(),
+            "status_fd": status.fileno(),
+            "parent": os.getpid(),
+            **limits,
+        }
+        try:
+            proc = subprocess.Popen(
+                [helper, "-I", "-S", "-B", "-c", _init_source(), json.dumps(config)],
+                env={"PATH": _ENV["PATH"], "LANG": "C.UTF-8"},
+                stdin=files[0],
+                stdout=files[1],
+                stderr=files[2],
+                pass_fds=(source.fileno(), status.fileno()),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(
+                f"sandbox: cannot start the namespace helper {helper} ({exc.strerror}); "
+                f"unset {HELPER_ENV} or point it at a Python 3 interpreter, {_FIX}"
+            ) from None
+        try:
+            done = _wait_exit(proc, timeout_s + _SETUP_GRACE_S)
+        finally:
+            helper_rc = _kill_group(proc)  # its death kills the namespace (parent-death signal)
+        status.seek(0)
+        lines = status.read().decode("utf-8", errors="replace").splitlines()
+    return _outcome(lines, helper_rc, done, helper)
+
+
+def _outcome(lines: list[str], helper_rc: int, done: bool, helper: str) -> tuple[int, bool]:
+    """Read the init's status file: ``error: …``, ``exit N``, ``signal N`` or ``timeout``."""
+    for line in lines:
+        if line.startswith("error: "):
+            raise SandboxUnavailable(f"sandbox: {line.removeprefix('error: ')}; {_FIX}")
+    last = lines[-1].split() if lines else []
+    if last[:1] == ["timeout"] or not done:
+        return -signal.SIGKILL, True
+    if len(last) == 2 and last[0] in ("exit", "signal") and last[1].lstrip("-").isdigit():
+        return (int(last[1]) if last[0] == "exit" else -int(last[1])), False
+    # The helper died before reporting: not an interpreter, or killed by something else.
+    raise SandboxUnavailable(
+        f"sandbox: the namespace helper {helper} ended (exit {helper_rc}) without reporting; "
+        f"check {HELPER_ENV} or the interpreter, {_FIX}"
+    )
+
+
+# The functions below run in the helper interpreter, not here (``_init_source``): stdlib and
+# ctypes only, no module-level names, hence the imports inside them.
+
+
+def _ns_libc():  # noqa: ANN202 - runs in a bare interpreter
+    """libc through ctypes, and a checked call that raises OSError with the C errno."""
+    import ctypes
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def call(name, *args):
+        if getattr(libc, name)(*args) != 0:
+            errno = ctypes.get_errno()
+            what = f"syscall {args[0]}" if name == "syscall" else name
+            raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+    return libc, call
+
+
+def _ns_setup_root(cfg, call):  # noqa: ANN001, ANN202
+    """In pid 1 of the new namespaces: build the new root on a tmpfs and pivot into it."""
+    import ctypes
+    import os
+    import platform
+
+    TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: N806
+    rdonly, nosuid, nodev, noexec, remount, bind, rec, private = (
+        1,
+        2,
+        4,
+        8,
+        32,
+        4096,
+        16384,
+        1 << 18,
+    )
+    b = os.fsencode
+
+    def mount(src, dst, fstype, flags, data=None):
+        call("mount", src and b(src), b(dst), fstype and b(fstype), flags, data and b(data))
+
+    class MountAttr(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "prop", "userns")]
+
+    def read_only(path, extra, recursive=0x8000):  # AT_RECURSIVE
+        """Read-only (mount_setattr, Linux 5.12); else a remount that keeps the other flags."""
+        attr = MountAttr(1 | extra, 0, 0, 0)  # MOUNT_ATTR_RDONLY | nosuid/nodev/noexec
+        try:
+            call("syscall", 442, -100, b(path), recursive, ctypes.byref(attr), ctypes.sizeof(attr))
+            return
+        except OSError:
+            pass
+        st = os.statvfs(path)
+        keep = st.f_flag & (nosuid | nodev | noexec | 1024 | 2048 | 4096)  # + atime flags
+        mount(None, path, None, remount | bind | rdonly | keep)
+
+    def bind_into(root, src, *, writable=False, extra=2):  # extra: MOUNT_ATTR_NOSUID
+        dst = root + src
+        if os.path.islink(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(src), dst)
+            return
+        if os.path.isdir(src):
+            os.makedirs(dst, exist_ok=True)
+        elif os.path.exists(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            open(dst, "a").close()
+        else:
+            return
+        mount(src, dst, None, bind | rec)
+        if not writable:
+            read_only(dst, extra)
+
+    root = cfg["root"]
+    mount(None, "/", None, rec | private)
+    mount("tmpfs", root, "tmpfs", nosuid | nodev, "size=1m,nr_inodes=4096,mode=0755")
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        bind_into(root, top)
+    os.makedirs(root + "/etc")
+    etc = "ld.so.cache ld.so.conf ld.so.conf.d localtime passwd group nsswitch.conf hosts ssl"
+    etc += " alternatives mime.types os-release"
+    for name in etc.split() + [n for n in os.listdir("/etc") if n.startswith("python3")]:
+        bind_into(root, "/etc/" + name)
+    for path in cfg["binds"]:
+        if not os.path.exists(root + path):  # else inside /usr or another bind already
+            bind_into(root, path)
+    os.makedirs(root + "/dev")
+    for dev in ("null", "zero", "full", "random", "urandom"):
+        bind_into(root, "/dev/" + dev, writable=True)  # device nodes: writing needs no rw fs
+    os.symlink("/proc/self/fd", root + "/dev/fd")
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{fd}", f"{root}/dev/{name}")
+    os.makedirs(root + "/proc")
+    mount("proc", root + "/proc", "proc", nosuid | nodev | noexec)  # this pid namespace only
+    # The scratch space, one tmpfs: /sandbox (cwd and HOME), /tmp, /var/tmp and /dev/shm.
+    home, uid, scratch = cfg["home"], cfg["sandbox_uid"], root + "/.scratch"
+    os.makedirs(scratch)
+    opts = f"size={cfg['scratch_mb']}m,nr_inodes=16384,mode=0755,uid={uid},gid={uid}"
+    mount("tmpfs", scratch, "tmpfs", nosuid | nodev, opts)
+    for name, mode, places in (("home", 0o700, (home,)), ("tmp", 0o1777, TMP_DIRS)):
+        os.mkdir(f"{scratch}/{name}", mode)
+        os.chown(f"{scratch}/{name}", uid, uid)
+        for place in places:
+            os.makedirs(root + place)
+            mount(f"{scratch}/{name}", root + place, None, bind)
+    with os.fdopen(cfg["code_fd"], "rb") as src, open(root + home + "/main.py", "wb") as dst:
+        dst.write(src.read())
+    os.chown(root + home + "/main.py", uid, uid)
+    # Enter it; the host root is detached and unreachable from here on.
+    number = {"x86_64": 155, "aarch64": 41, "riscv64": 41}.get(platform.machine())
+    if number is None:
+        raise OSError(0, f"pivot_root: unsupported machine {platform.machine()}")
+    os.mkdir(root + "/.old")
+    os.chdir(root)
+    call("syscall", number, b".", b".old")
+    os.chdir("/")
+    call("umount2", b"/.old", 2)  # MNT_DETACH
+    os.rmdir("/.old")
+    read_only("/", nosuid | nodev, 0)  # not recursive: /sandbox stays writable
+
+
+def _ns_drop(cfg, libc, call):  # noqa: ANN001, ANN202
+    """In pid 2, before exec: rlimits, then no way back to any capability."""
+    import ctypes
+    import os
+    import resource
+
+    for name, value in (
+        ("AS", cfg["memory_mb"] * 1024 * 1024),
+        ("FSIZE", cfg["fsize"]),
+        ("CORE", 0),
+        ("NPROC", cfg["nproc"]),
+        ("NOFILE", cfg["nofile"]),
+    ):
+        limit = getattr(resource, "RLIMIT_" + name)
+        hard = resource.getrlimit(limit)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(limit, (value, value))
+    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+    # SECBIT_NOROOT(+LOCKED), NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE(+L)
+    call("prctl", 28, 1 | 2 | 8 | 32 | 64 | 128, 0, 0, 0)  # PR_SET_SECUREBITS
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last + 1):
+        call("prctl", 24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+    uid = cfg["sandbox_uid"]
+    if cfg["setgroups"]:
+        os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    call("capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: none
+    call("prctl", 47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    call("prctl", 38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+
+
+def _ns_main():  # noqa: ANN202
+    """The helper: unshare, map ids, fork pid 1 (setup, then pid 2 = the program), wait."""
+    import json
+    import os
+    import select
+    import signal
+    import sys
+
+    cfg = json.loads(sys.argv[1])
+    status = os.fdopen(cfg["status_fd"], "w", buffering=1)
+    os.set_inheritable(cfg["status_fd"], False)
+    os.set_inheritable(cfg["code_fd"], False)
+
+    def fail(message):
+        status.write(f"error: {message}\n")
+        status.flush()
+        os._exit(111)
+
+    try:
+        libc, call = _ns_libc()
+        call("prctl", 1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the caller
+    except OSError as exc:
+        fail(f"cannot load libc for unshare(2) ({exc.strerror})")
+    if os.getppid() != cfg["parent"]:
+        os._exit(112)  # the caller is already gone
+    host_uid, host_gid = os.geteuid(), os.getegid()
+    root_host = host_uid == 0
+    mapper = None
+    if root_host:  # a helper left in the host namespace writes the maps (it has CAP_SETUID)
+        ready_r, ready_w = os.pipe()
+        mapper = os.fork()
+        if mapper == 0:
+            os.close(ready_w)
+            if os.read(ready_r, 1) != b"u":
+                os._exit(1)
+            target = os.getppid()
+            try:  # ns uid 0 = host root for the setup; ns uid 1 = nobody runs the program
+                for kind in ("uid", "gid"):
+                    with open(f"/proc/{target}/{kind}_map", "w") as fh:
+                        fh.write("0 0 1\n1 65534 1\n")
+            except OSError:
+                os._exit(2)
+            os._exit(0)
+        os.close(ready_r)
+    flags = 0x10000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x20000000
+    try:  # CLONE_NEWUSER | NEWNS | NEWNET | NEWIPC | NEWUTS | NEWPID
+        call("unshare", flags)
+    except OSError as exc:
+        if mapper:
+            os.kill(mapper, signal.SIGKILL)
+        fail(
+            f"cannot create user namespaces (unshare: {exc.strerror}); enable them "
+            "(sysctl user.max_user_namespaces=15000 and kernel.unprivileged_userns_clone=1; "
+            "Ubuntu 24.04: kernel.apparmor_restrict_unprivileged_userns=0; containers: a "
+            "seccomp profile that allows unshare)"
+        )
+    try:
+        if mapper:
+            os.write(ready_w, b"u")
+            os.close(ready_w)
+            if os.waitpid(mapper, 0)[1] != 0:
+                fail("cannot write the uid/gid maps of the new user namespace")
+        else:
+            for name, text in (
+                ("setgroups", "deny"),
+                ("uid_map", f"0 {host_uid} 1"),
+                ("gid_map", f"0 {host_gid} 1"),
+            ):
+                with open(f"/proc/self/{name}", "w") as fh:
+                    fh.write(text)
+    except OSError as exc:
+        fail(f"cannot map ids in the new user namespace ({exc.strerror})")
+    cfg["sandbox_uid"], cfg["setgroups"] = (1, True) if root_host else (0, False)
+
+    init = os.fork()
+    if init == 0:  # pid 1 of the new pid namespace
+        try:
+            call("prctl", 1, signal.SIGKILL, 0, 0, 0)  # dies with the helper
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _ns_setup_root(cfg, call)
+        except OSError as exc:
+            fail(f"cannot set up the sandbox's filesystem ({exc})")
+        program = os.fork()
+        if program == 0:
+            try:
+                _ns_drop(cfg, libc, call)
+                os.chdir(cfg["home"])
+                argv = [cfg["python"], "-I", "-B", "-u", "-X", "utf8", "main.py"]
+                os.execve(cfg["python"], argv, cfg["env"])
+            except OSError as exc:
+                fail(f"cannot start the interpreter in the sandbox ({exc})")
+        while True:  # reap orphans until the program itself ends
+            pid, code = os.waitpid(-1, 0)
+            if pid == program:
+                break
+        if os.WIFSIGNALED(code):
+            status.write(f"signal {os.WTERMSIG(code)}\n")
+        else:
+            status.write(f"exit {os.WEXITSTATUS(code)}\n")
+        status.flush()
+        os._exit(0)  # the kernel now kills what is left in the namespace
+    timed_out = False
+    try:
+        fd = os.pidfd_open(init)
+        timed_out = not select.select([fd], [], [], cfg["timeout_s"])[0]
+    except OSError:
+        signal.signal(signal.SIGALRM, lambda *_: None)
+        signal.setitimer(signal.ITIMER_REAL, cfg["timeout_s"])
+        try:
+            os.waitpid(init, 0)
+            init = 0
+        except InterruptedError:
+            timed_out = True
+    if timed_out:
+        os.kill(init, signal.SIGKILL)  # from outside its namespace: pid 1 is not immune
+        status.write("timeout\n")
+        status.flush()
+    if init:
+        os.waitpid(init, 0)  # returns once every process of the namespace is gone
+    os._exit(0)
+
+
+# --- code extraction --------------------------------------------------------------------------
 
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
