@@ -1,0 +1,449 @@
+"""The sandbox (issue #17): hostile programs through the real ``python`` tool.
+
+Each program is what a model could write. After each: the canary is in no output, the
+listener saw nothing, no file appeared or vanished outside the scratch space, this process
+(and a sentinel process of ours) is alive. Tests whose program would harm the machine if
+isolation failed (signalling every visible process, an unbounded fork storm) first check that
+isolation holds, and are skipped loudly if it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conductor.data.records import STEPS_SCHEMA, StepRecord
+from conductor.data.store import ArtifactStore
+from conductor.errors import PoolConfigError, WorkerError
+from conductor.plan.workflow import Step
+from conductor.pool import WorkerSpec, pool_from_dict
+from conductor.providers.llm import complete
+from conductor.providers.tools import ToolError
+from conductor.providers.tools.provider import run_tool
+from conductor.providers.tools.sandbox import (
+    HELPER_ENV,
+    SandboxUnavailable,
+    run_python_tests,
+    run_sandboxed,
+)
+
+CANARY = "canary-7f3a9c1e"
+PYTHON = WorkerSpec(name="python", kind="tool", model="tool/python", retries=0)
+
+
+def _ask(code: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Run this:\n```python\n{code}\n```"}]
+
+
+def tool(code: str, timeout_s: float = 5) -> str:
+    """The answer of the real ``python`` tool, as a step would get it."""
+    return run_tool("tool/python", _ask(code), timeout_s=timeout_s)
+
+
+@pytest.fixture(autouse=True)
+def _canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_API_KEY", CANARY)
+    monkeypatch.delenv(HELPER_ENV, raising=False)
+
+
+PROBE = """
+import json, os, socket
+procs = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]
+lo = open('/sys/class/net/lo/operstate').read().strip() if os.path.exists('/sys') else 'absent'
+try:
+    socket.create_connection(('127.0.0.1', 9), timeout=1); net = 'up'
+except OSError as e:
+    net = e.errno
+print(json.dumps({'pid': os.getpid(), 'procs': procs, 'caps': caps, 'net': net,
+                  'root': sorted(os.listdir('/')), 'cwd': os.getcwd()}))
+"""
+
+
+def isolation_report() -> dict:
+    return json.loads(run_sandboxed(PROBE).stdout)
+
+
+@pytest.fixture()
+def isolated() -> dict:
+    """Skips, loudly, a test that would harm the machine if isolation did not hold."""
+    try:
+        report = isolation_report()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"ISOLATION UNAVAILABLE, harmful test not run: {exc}")
+    if report["procs"] != [1, 2] or report["caps"] != ["0000000000000000"]:
+        pytest.skip(f"ISOLATION DOES NOT HOLD, harmful test not run: {report}")
+    return report
+
+
+def test_isolation_holds() -> None:
+    report = isolation_report()
+    assert report["pid"] == 2 and report["procs"] == [1, 2]  # own pid namespace, our init
+    assert report["caps"] == ["0000000000000000"]  # no capability, even as namespace root
+    assert report["net"] == 101  # ENETUNREACH: lo is down, no interface at all
+    assert report["cwd"] == "/sandbox"
+    assert not {"home", "run", "sys", "mnt", "opt", "srv"} & set(report["root"])
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+
+def test_no_process_environment_leaks() -> None:
+    host = os.getpid()
+    code = f"""
+import os
+for pid in [p for p in os.listdir('/proc') if p.isdigit()] + ['{host}', 'self', '1']:
+    for name in ('environ', 'cmdline'):
+        try:
+            print(pid, name, open(f'/proc/{{pid}}/{{name}}', 'rb').read())
+        except OSError as e:
+            print(pid, name, e)
+print(dict(os.environ))
+"""
+    answer = tool(code)
+    assert "environ" in answer and "HOME" in answer  # the program ran and printed
+    assert CANARY not in answer
+    assert "FAKE_API_KEY" not in answer
+
+
+def test_home_and_working_tree_are_absent() -> None:
+    here = Path.cwd()
+    code = f"""
+import os
+for p in ('/root/.ssh', '/home', {str(here)!r} + '/pyproject.toml', '/etc/shadow', '/run'):
+    print(p, os.path.exists(p))
+"""
+    answer = tool(code)
+    assert answer.count("False") == 5, answer
+
+
+# --- network --------------------------------------------------------------------------------
+
+
+def test_no_connection_reaches_a_local_listener() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.setblocking(False)
+    port, uport = listener.getsockname()[1], udp.getsockname()[1]
+    code = f"""
+import socket
+for family, host in ((socket.AF_INET, '127.0.0.1'), (socket.AF_INET6, '::1')):
+    try:
+        socket.create_connection((host, {port}), timeout=1); print('connected')
+    except OSError as e:
+        print('tcp', e.errno)
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', {uport}))
+    print('sent')
+except OSError as e:
+    print('udp', e.errno)
+"""
+    try:
+        answer = tool(code)
+        time.sleep(0.2)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody knocked
+        with pytest.raises(BlockingIOError):
+            udp.recv(16)
+    finally:
+        listener.close()
+        udp.close()
+    assert "connected" not in answer and "sent" not in answer
+    assert "tcp 101" in answer and "udp 101" in answer
+
+
+# --- filesystem -----------------------------------------------------------------------------
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_writes_and_deletes_outside_scratch_change_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("CONDUCTOR_HOME", str(home))
+    store = ArtifactStore(str(home / "artifacts"))
+    store.write([], [StepRecord(run_id="r", question_id="q", step=0, worker="w", model="m",
+                                instruction="i", status="completed")])  # fmt: skip
+    (home / "mlflow.db").write_bytes(b"sqlite")
+    marker = f"conductor-hostile-{os.getpid()}"
+    before = _tree(tmp_path)
+    code = f"""
+import os, shutil
+home = {str(home)!r}
+for path in (home + '/artifacts', home + '/mlflow.db', home):
+    try:
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path); print('deleted', path)
+    except OSError as e:
+        print('kept', path, e.errno)
+for path in (home + '/evil', '/tmp/{marker}', '/var/tmp/{marker}', '/dev/shm/{marker}',
+             {str(tmp_path)!r} + '/{marker}', os.getcwd() + '/ok'):
+    try:
+        open(path, 'w').write('x'); print('wrote', path)
+    except OSError as e:
+        print('refused', path, e.errno)
+"""
+    answer = tool(code)
+    assert "deleted" not in answer
+    # Writes land in the sandbox's own tmpfs (its /tmp, /var/tmp, /dev/shm, cwd) or fail.
+    assert f"refused {home}/evil" in answer and f"refused {tmp_path}/{marker}" in answer
+    assert f"wrote /tmp/{marker}" in answer  # its private /tmp, not the host's
+    assert _tree(tmp_path) == before
+    assert store.read("steps").num_rows == 1
+    for place in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert not Path(place, marker).exists()
+
+
+def test_disk_filling_loop_stops_at_the_scratch_limit() -> None:
+    code = """
+i = 0
+try:
+    while True:
+        with open(f'f{i}', 'wb') as fh:
+            fh.write(b'x' * (1 << 20))
+        i += 1
+except OSError as e:
+    print('stopped after', i, 'MB, errno', e.errno)
+"""
+    free = shutil.disk_usage("/tmp").free
+    answer = tool(code, timeout_s=10)
+    assert "errno 28" in answer  # ENOSPC: the scratch tmpfs is full
+    assert int(answer.split()[2]) < 100  # MB: the 64 MB scratch space, not the host's disk
+    assert shutil.disk_usage("/tmp").free > free - 50 * (1 << 20)
+
+
+def test_memory_bomb_is_refused() -> None:
+    answer = tool("x = bytearray(4 * 1024**3)\nprint('allocated')")
+    assert "MemoryError" in answer and "allocated" not in answer
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def sentinel():
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_signalling_the_parent_and_everyone(isolated: dict, sentinel: subprocess.Popen) -> None:
+    code = """
+import os, signal
+for target in (os.getppid(), 1, -1):
+    try:
+        os.kill(target, signal.SIGKILL); print('sent', target)
+    except OSError as e:
+        print('refused', target, e.errno)
+os.system('kill -9 -1')
+print('survived')
+"""
+    answer = tool(code)
+    assert sentinel.poll() is None  # a process of ours outside the sandbox is still alive
+    assert "sent" in answer or "refused" in answer  # the program did run
+
+
+def _host_processes(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return [p for p in found if p != os.getpid()]
+
+
+def test_setsid_grandchild_writing_late_leaves_nothing(tmp_path: Path) -> None:
+    marker = f"77.{os.getpid()}"
+    late = tmp_path / "late.txt"
+    code = f"""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.execv('/bin/sleep', ['sleep', '{marker}'])
+        time.sleep(1)
+        for path in ({str(late)!r}, '/tmp/late-{marker}'):
+            try:
+                open(path, 'w').write('late')
+            except OSError:
+                pass
+    os._exit(0)
+print('parent exits')
+"""
+    assert tool(code) == "parent exits"
+    time.sleep(2)
+    assert not late.exists() and not Path(f"/tmp/late-{marker}").exists()
+    assert _host_processes(marker) == []
+
+
+def test_unbounded_fork_storm_is_contained(isolated: dict, sentinel: subprocess.Popen) -> None:
+    marker = f"88.{os.getpid()}"
+    code = f"""
+import os
+os.environ['X'] = '{marker}'
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            try:
+                os.execv('/bin/sleep', ['sleep', '{marker}'])
+            finally:
+                os._exit(0)
+        n += 1
+except OSError as e:
+    print('forks stopped at', n, 'errno', e.errno)
+"""
+    answer = tool(code, timeout_s=5)
+    assert "forks stopped at" in answer and "errno 11" in answer  # EAGAIN: RLIMIT_NPROC
+    assert int(answer.split()[3]) < 100
+    assert sentinel.poll() is None
+    assert _host_processes(marker) == []  # all of them died with the namespace
+
+
+def test_timeout_kills_the_whole_namespace() -> None:
+    marker = f"99.{os.getpid()}"
+    code = f"import os, time\nif os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '{marker}'])\ntime.sleep(60)"
+    result = run_sandboxed(code, timeout_s=1)
+    assert result.timed_out and result.returncode < 0
+    assert _host_processes(marker) == []
+
+
+# --- fail closed ----------------------------------------------------------------------------
+
+
+def test_missing_helper_fails_closed_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HELPER_ENV, "/nonexistent/python")
+    with pytest.raises(SandboxUnavailable) as info:
+        run_sandboxed("print(1)")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("sandbox: cannot start")
+    assert "sandbox: process" in message and HELPER_ENV in message
+    assert not info.value.retryable
+    with pytest.raises(ToolError):  # the tool does not fall back either
+        tool("print(1)")
+    with pytest.raises(WorkerError) as through_litellm:
+        complete(PYTHON, _ask("print(1)"))
+    assert not through_litellm.value.retryable and "sandbox:" in str(through_litellm.value)
+
+
+def test_helper_that_is_not_python_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HELPER_ENV, "/bin/true")
+    with pytest.raises(SandboxUnavailable, match="without reporting"):
+        run_sandboxed("print(1)")
+
+
+def test_disabled_user_namespaces_fail_closed(tmp_path: Path) -> None:
+    """A real refusal: user.max_user_namespaces=0 inside a namespace of our own."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("util-linux unshare is not installed: cannot disable user namespaces here")
+    script = (
+        "from conductor.providers.tools.sandbox import run_sandboxed\nrun_sandboxed('print(1)')\n"
+    )
+    shell = f'echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -c "$0"'
+    probe = subprocess.run(
+        [unshare, "--user", "--map-root-user", "sh", "-c", shell, script],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    if "max_user_namespaces" in probe.stderr and "ermission" in probe.stderr:
+        pytest.skip(f"cannot lower user.max_user_namespaces here: {probe.stderr.strip()}")
+    assert probe.returncode != 0
+    last = probe.stderr.strip().splitlines()[-1]
+    assert "SandboxUnavailable: sandbox: cannot create user namespaces" in last
+    assert "sandbox: process" in last
+
+
+# --- modes, the pool setting, the step record ----------------------------------------------
+
+
+def test_process_mode_warns_every_run(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="conductor.providers.tools.sandbox"):
+        first = run_sandboxed("import os; print(os.getpid())", mode="process")
+        run_sandboxed("print(2)", mode="process")
+        run_sandboxed("print(3)")
+    warnings = [r for r in caplog.records if "rlimits only" in r.getMessage()]
+    assert len(warnings) == 2
+    assert first.mode == "process" and int(first.stdout) > 2  # a host pid: no pid namespace
+
+
+def test_pool_sandbox_setting_is_validated() -> None:
+    base = {"conductor": {"model": "m"}, "workers": [{"name": "python", "kind": "tool",
+                                                      "model": "tool/python"}]}  # fmt: skip
+    assert pool_from_dict(base).sandbox == "isolated"
+    assert pool_from_dict({**base, "sandbox": "process"}).sandbox == "process"
+    with pytest.raises(PoolConfigError, match=r"sandbox: Input should be 'isolated' or 'process'"):
+        pool_from_dict({**base, "sandbox": "none"})
+
+
+@pytest.mark.parametrize("mode", ["isolated", "process"])
+def test_step_records_the_sandbox_mode(mode: str) -> None:
+    from tasks.workers import run_step
+
+    pool = pool_from_dict(
+        {
+            "conductor": {"model": "m"},
+            "sandbox": mode,
+            "workers": [
+                {"name": "python", "kind": "tool", "model": "tool/python", "retries": 0},
+                {"name": "calc", "kind": "tool", "model": "tool/calculator", "retries": 0},
+            ],
+        }
+    )
+    code = "import os\nprint(os.getpid() == 2)"
+    ran = run_step.fn("q", Step(index=0, worker="python", instruction=f"```python\n{code}\n```"),
+                      [], [], pool)  # fmt: skip
+    assert ran.sandbox == mode
+    assert ran.output == ("True" if mode == "isolated" else "False")
+    calc = run_step.fn("q", Step(index=0, worker="calc", instruction="6 * 7"), [], [], pool)
+    assert calc.sandbox is None and calc.output == "42"
+    assert StepRecord(run_id="r", question_id="q", step=0, worker="python", model=ran.model,
+                      instruction="i", status="completed", **ran.fields()).sandbox == mode  # fmt: skip
+
+
+def test_steps_written_before_the_sandbox_column_read_as_null(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path))
+    row = StepRecord(run_id="old", question_id="q", step=0, worker="w", model="m",
+                     instruction="i", status="completed")  # fmt: skip
+    store.write([], [row.model_copy(update={"run_id": "new", "sandbox": "process"})])
+    old = pa.Table.from_pylist([row.model_dump()], schema=STEPS_SCHEMA).drop_columns(["sandbox"])
+    pq.write_table(old, Path(store.table_path("steps")) / "part-old.parquet")
+    got = {r["run_id"]: r["sandbox"] for r in store.read("steps").to_pylist()}
+    assert got == {"old": None, "new": "process"}
+
+
+# --- the verifier ----------------------------------------------------------------------------
+
+
+def test_humaneval_check_runs_isolated_and_still_passes() -> None:
+    program = "def add(a, b):\n    return a + b\n"
+    tests = (
+        "import os\ndef check(candidate):\n    assert candidate(2, 3) == 5\n"
+        "    assert os.getpid() == 2  # inside the pid namespace\n"
+    )
+    result = run_python_tests(program, tests, "add")
+    assert result.passed and result.mode == "isolated"
+    assert not run_python_tests(program.replace("+", "-"), tests, "add").passed
