@@ -20,6 +20,7 @@ from flows.cli_common import (
     JsonOpt,
     PoolOpt,
     RmOpt,
+    VerboseOpt,
     build_request,
     call_flow,
     call_long_flow,
@@ -63,6 +64,7 @@ def run(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
     pool: PoolOpt = None,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
     on_invalid_plan: Annotated[
         str, typer.Option(help="fallback: one step on the default worker; error: fail the run.")
     ] = "fallback",
@@ -108,6 +110,7 @@ def run(
         rm=rm,
         seed=seed,
     )
+    _show_progress()
     state, result = _run_request(request, best_of is not None, in_process)
     from conductor.plan.requests import RunResult
 
@@ -151,6 +154,31 @@ def run(
         fail(result.reason or "the run failed", code=1)
 
 
+def _show_progress() -> None:
+    """The run's progress on stderr: the plan, then each top-level step as it finishes
+    (``flows.orchestrate.PROGRESS``; set up here so that only ``conductor run`` says it)."""
+    progress = logging.getLogger("conductor.progress")
+    if not any(getattr(h, "_conductor_progress", False) for h in progress.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._conductor_progress = True  # type: ignore[attr-defined]
+        progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+
+
+def _print_served_progress(result: Any) -> None:
+    """What the in-process run says as it goes, said once the served run is back."""
+    from conductor.plan.workflow import Step, plan_lines, step_line
+
+    steps = [Step(**s) for s in result.workflow]
+    lines = plan_lines(steps, result.format_error)
+    outputs = result.step_outputs or []
+    pairs = zip(steps, outputs, strict=False)  # a plan cut short has fewer outputs
+    lines += [step_line(s, status, text) for s, (status, text) in pairs]
+    print("\n".join(lines), file=sys.stderr)
+
+
 def _run_request(request: Any, best_of: bool, in_process: bool) -> tuple[Any, Any]:
     """Through a running ``conductor serve`` when there is one (warm models, no imports of
     litellm or torch here), else the flow in this process."""
@@ -162,6 +190,8 @@ def _run_request(request: Any, best_of: bool, in_process: bool) -> tuple[Any, An
             print(f"conductor: via conductor serve (pid {served.pid})", file=sys.stderr)
             result = submit(request, served, best_of=best_of)
             silence_stderr_at_exit()
+            if getattr(result, "workflow", None):
+                _print_served_progress(result)
             return None, result
     return call_flow(_run_flow(best_of), request)
 
@@ -171,6 +201,7 @@ def serve(
     pool: PoolOpt = None,
     conductor: ConductorOpt = None,
     limit: Annotated[int, typer.Option(help="Requests served at once.")] = 4,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Keep the engine and the pool's local models loaded; `conductor run` uses this process.
 
@@ -232,6 +263,7 @@ def eval_(
     conductor: ConductorOpt = None,
     rm: RmOpt = None,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Evaluate a strategy on a dataset; every question is a run, the eval an MLflow run."""
     from conductor.data.datasets import load_dataset

@@ -10,13 +10,14 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit
+from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit, verbose_output
 
 __all__ = [
     "ConductorOpt",
     "JsonOpt",
     "PoolOpt",
     "RmOpt",
+    "VerboseOpt",
     "call_flow",
     "call_long_flow",
     "check_rm",
@@ -38,6 +39,24 @@ ConductorOpt = Annotated[
         metavar="REF",
         help="A trained conductor instead of the pool's: an adapter directory, "
         "models:/conductor@champion, or embedded.",
+    ),
+]
+
+
+def _verbose(value: bool) -> bool:
+    if value:  # eager: before the command body imports Prefect or MLflow
+        verbose_output()
+    return value
+
+
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        is_eager=True,
+        callback=_verbose,
+        help="Also show Prefect's run log lines and third-party INFO lines on stderr.",
     ),
 ]
 

@@ -10,7 +10,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli_common import JsonOpt, PoolOpt, build_request, call_long_flow, load_pool_option
+from flows.cli_common import (
+    JsonOpt,
+    PoolOpt,
+    VerboseOpt,
+    build_request,
+    call_long_flow,
+    load_pool_option,
+)
 
 __all__ = ["train_conductor_cmd", "train_rm_cmd"]
 
@@ -60,6 +67,7 @@ def train_conductor_cmd(
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     pool: PoolOpt = None,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Train the conductor with GRPO (TRL + PEFT) on executed plans; register it in MLflow."""
     from conductor.data.datasets import load_dataset
@@ -127,6 +135,7 @@ def train_rm_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the split, sampling and training.")] = 0,
     pool: PoolOpt = None,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Train OrchRM (a Bradley-Terry reward model) on pairs from the stored runs."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from conductor.plan.strategies import (
     random_plan_seed,
     self_consistency_plan,
 )
-from conductor.plan.workflow import Step, Workflow
+from conductor.plan.workflow import Step, Workflow, plan_lines, step_line
 from conductor.pool import Pool, load_pool
 from conductor.providers.llm import Completion
 from flows.runtime import result_storage
@@ -61,6 +62,16 @@ __all__ = ["orchestrate", "conductor_round"]
 # Enough threads for the widest layer we expect; I/O-bound worker calls mostly wait.
 TASK_RUNNER_WORKERS = 64
 ANSWER_LOG_LIMIT = 1000
+
+#: The terminal's view of a run (issue #16): the plan, then one line per top-level step as
+#: it finishes. Silent unless someone attaches a handler (``conductor run`` does); an eval's
+#: questions and deployed runs say nothing here. The run's own log, in the Prefect API and
+#: UI, is the flow-run logger's and has every line regardless.
+PROGRESS = logging.getLogger("conductor.progress")
+if PROGRESS.level == logging.NOTSET:  # ``conductor run`` may have set it up already
+    PROGRESS.setLevel(logging.WARNING)
+PROGRESS.propagate = False
+PROGRESS.addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,9 @@ def execute(
             futures[step.index] = step_tasks[worker.name].submit(
                 ids.question, quote(step), visible, instructions, quote(pool)
             )
+    if depth == 0 and PROGRESS.isEnabledFor(logging.INFO):
+        for step in workflow.steps:
+            futures[step.index].add_done_callback(_announce_step(step))
     if while_running is not None:
         while_running()
     wait(list(futures.values()))
@@ -290,11 +304,27 @@ def _flow_logger() -> Any:
 
 
 def _log_plan(workflow: Workflow, format_error: str | None) -> None:
-    lines = [f"invalid plan ({format_error}); running the fallback:"] if format_error else ["plan:"]
-    for s in workflow.steps:
-        reads = ", ".join(map(str, s.access)) or "-"
-        lines.append(f"  step {s.index} · {s.worker} reads [{reads}]: {s.instruction[:120]}")
-    _flow_logger().info("\n".join(lines))
+    text = "\n".join(plan_lines(workflow.steps, format_error))
+    _flow_logger().info(text)  # the run's log in the Prefect UI
+    PROGRESS.info(text)
+
+
+def _announce_step(step: Step) -> Callable[[PrefectFuture[StepOutcome]], None]:
+    """A done-callback that says on ``PROGRESS`` how a top-level step ended, as it ends."""
+
+    def done(future: PrefectFuture[StepOutcome]) -> None:
+        try:
+            value = future.result(raise_on_failure=False)
+        except BaseException:  # noqa: BLE001 - a progress line must never break the run
+            value = None
+        if isinstance(value, StepOutcome):
+            PROGRESS.info(step_line(step, "completed", value.output, value.latency_s))
+        else:
+            PROGRESS.info(
+                step_line(step, "failed" if isinstance(value, BaseException) else "skipped")
+            )
+
+    return done
 
 
 def _question_id(question: str) -> str:

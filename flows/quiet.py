@@ -8,6 +8,11 @@ Prefect's shutdown noise, and engine tracebacks of our own errors.
 - ``progress_bars_off``, at CLI start when stderr is not a terminal: tqdm, Hugging Face and
   MLflow bars would write carriage-return lines into a log or a captured stderr.
 - ``hide_deprecation_warnings``, at CLI start: libraries' deprecation notices.
+- Prefect's flow- and task-run log lines ("Beginning flow run", "Finished in state
+  Completed()", a failed task's exception) stay off the terminal: they reach the Prefect API
+  and UI, where the run's log belongs, while the terminal shows the command's own lines
+  (the plan, one line per step, the answer, a failure's reason once; issue #16).
+  ``verbose_output`` (``--verbose``) brings them, and third-party INFO lines, back.
 - When the process exits, Prefect stops its ephemeral API server and cancels background
   services; on some runs that logs ``asyncio.CancelledError`` tracebacks (issue #2 measured
   them on Prefect 3.9). They say nothing about the user's run, so: during the run, a logging
@@ -32,18 +37,25 @@ from contextlib import contextmanager
 from conductor.errors import ConductorError
 
 __all__ = [
+    "RUN_LOGGERS",
     "hide_deprecation_warnings",
     "progress_bars_off",
     "quiet_prefect_shutdown",
     "quiet_third_party_notices",
     "silence_stderr_at_exit",
+    "verbose_output",
 ]
+
+#: Prefect's per-run loggers: their records go to the API (a handler on these loggers) and,
+#: by propagation, to the console handler of the root logger, where they are dropped.
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+_verbose = False
 
 _NOTICES_OFF = {
     # The "prefect" logger itself says "Starting temporary server on ..." at INFO.
     "PREFECT_LOGGING_LEVEL": "WARNING",
-    # Prefect's per-logger overrides (``PREFECT_LOGGING_[PATH]_[TO]_[KEY]``): the runs' logs,
-    # the progress of ``conductor run``, keep INFO on the console and in the Prefect API.
+    # Prefect's per-logger overrides (``PREFECT_LOGGING_[PATH]_[TO]_[KEY]``): the runs' logs
+    # keep INFO for the Prefect API (the console drops them unless --verbose).
     "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
     "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
     # MLflow sets its "mlflow" logger (mlflow.store.db.utils: "Creating initial MLflow
@@ -67,6 +79,15 @@ def quiet_third_party_notices(environ: MutableMapping[str, str] = os.environ) ->
         environ.setdefault(key, value)
 
 
+def verbose_output(environ: MutableMapping[str, str] = os.environ) -> None:
+    """``--verbose``: Prefect's and MLflow's INFO lines and the runs' own log lines on the
+    terminal. Call before Prefect or MLflow is imported (they read the levels then)."""
+    global _verbose
+    _verbose = True
+    environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+    environ["MLFLOW_LOGGING_LEVEL"] = "INFO"
+
+
 def hide_deprecation_warnings() -> None:
     """Deprecations inside transformers, TRL or PEFT (``gradient_checkpointing is
     deprecated``) are for this project's developers, who see them in the tests, not for a
@@ -82,7 +103,8 @@ def progress_bars_off(environ: MutableMapping[str, str] = os.environ) -> None:
 
 
 class _QuietFilter(logging.Filter):
-    """Drops cancellation noise; keeps our own errors to their one-line message.
+    """Drops cancellation noise and (unless verbose) the runs' log lines; keeps our own
+    errors to their one-line message.
 
     A ``ConductorError`` (a failed worker call, a bad plan) is already one precise line;
     its traceback is engine internals. Prefect's API log handler sees the record first
@@ -97,6 +119,8 @@ class _QuietFilter(logging.Filter):
         self._cancelled = (asyncio.CancelledError, concurrent.futures.CancelledError)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if not _verbose and record.name.startswith(RUN_LOGGERS):
+            return False
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, self._cancelled):
             return False

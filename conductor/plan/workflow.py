@@ -11,7 +11,9 @@ from __future__ import annotations
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Step", "Workflow"]
+__all__ = ["Step", "Workflow", "plan_lines", "step_line"]
+
+LINE_OUTPUT_LIMIT = 80  # characters of a step's output on its progress line
 
 
 class Step(BaseModel):
@@ -61,3 +63,29 @@ class Workflow(BaseModel):
             "subtasks": [s.instruction for s in self.steps],
             "access_list": [list(s.access) for s in self.steps],
         }
+
+
+def plan_lines(steps: tuple[Step, ...] | list[Step], format_error: str | None = None) -> list[str]:
+    """The plan as the terminal and the run's log show it: a heading, one line per step."""
+    head = f"invalid plan ({format_error}); running the fallback:" if format_error else "plan:"
+    lines = [head]
+    for s in steps:
+        reads = ", ".join(map(str, s.access)) or "-"
+        lines.append(f"  step {s.index} · {s.worker} reads [{reads}]: {s.instruction[:120]}")
+    return lines
+
+
+def step_line(
+    step: Step, status: str, output: str | None = None, latency_s: float | None = None
+) -> str:
+    """One progress line for a finished step: ✓ with its output, ✗ failed, - skipped.
+
+    A failure's reason is not on this line: the run's reason, said once, is it."""
+    if status == "completed":
+        text = " ".join((output or "").split())
+        if len(text) > LINE_OUTPUT_LIMIT:
+            text = text[:LINE_OUTPUT_LIMIT] + "…"
+        took = f" · {latency_s:.1f} s" if latency_s is not None else ""
+        return f"  ✓ step {step.index} · {step.worker}{took}: {text}"
+    mark = "✗" if status == "failed" else "-"
+    return f"  {mark} step {step.index} · {step.worker} {status}"

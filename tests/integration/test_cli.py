@@ -107,7 +107,10 @@ def test_run_json_prints_one_object_and_no_noise(tmp_path):
     assert [s["instruction"] for s in data["workflow"]] == ["think", "answer"]
     assert data["cost_usd"] > 0  # priced from litellm's map for gpt-4o-mini
     assert Path(data["artifacts"]).is_dir()
-    assert "step-0 gpt" in proc.stderr  # progress goes to stderr
+    # Progress goes to stderr: the plan, one line per step as it finishes (issue #16).
+    assert "plan:\n  step 0 · gpt reads [-]: think" in proc.stderr
+    assert "  ✓ step 0 · gpt" in proc.stderr and "  ✓ step 1 · gpt" in proc.stderr
+    assert "Task run" not in proc.stderr and "Flow run" not in proc.stderr  # Prefect's lines
     assert_clean(proc.stderr)
     # Every task run reached the database as final before the ephemeral server stopped.
     import sqlite3
@@ -201,9 +204,21 @@ def test_failing_worker_exits_non_zero_with_the_reason(tmp_path):
         "error: step 0 (gpt) failed: openai/gpt-4o-mini: ContextWindowExceededError"
     )
     assert "Traceback" not in proc.stderr
+    # The reason is said once (issue #16 measured five times), the steps' fate on their lines.
+    assert proc.stderr.count("ContextWindowExceededError") == 1, proc.stderr
+    assert "  ✗ step 0 · gpt failed" in proc.stderr and "  - step 1 · gpt skipped" in proc.stderr
     steps = conductor("artifacts", "--json", cwd=tmp_path)
     s = json.loads(steps.stdout)
     assert s["failed_runs"] == 1 and s["failed_steps"] == 1 and s["skipped_steps"] == 1
+
+
+def test_verbose_brings_prefects_run_lines_back(tmp_path):
+    pool = write_pool(tmp_path, "42")
+    proc = conductor("run", "What is 17 + 25?", "--pool", str(pool), "--verbose", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "answer: 42\n"
+    assert "Task run 'step-0 gpt' - Finished in state Completed()" in proc.stderr
+    assert "  ✓ step 1 · gpt" in proc.stderr
 
 
 @pytest.mark.parametrize(

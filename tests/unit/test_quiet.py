@@ -61,3 +61,39 @@ print(level("prefect"), level("prefect.flow_runs"), level("prefect.task_runs"),
     assert out.returncode == 0, out.stderr
     w, i = logging.WARNING, logging.INFO
     assert out.stdout.split() == [str(w), str(i), str(i), str(w), str(w), "True"]
+
+
+def test_the_runs_log_lines_stay_off_the_terminal_unless_verbose(monkeypatch):
+    import flows.quiet as quiet
+
+    def record(name: str, level: int = logging.INFO) -> logging.LogRecord:
+        return logging.LogRecord(
+            name, level, __file__, 1, "Finished in state Completed()", (), None
+        )
+
+    monkeypatch.setattr(quiet, "_verbose", False)
+    flt = quiet._QuietFilter()
+    assert not flt.filter(record("prefect.task_runs"))
+    assert not flt.filter(record("prefect.flow_runs", logging.ERROR))  # the reason is ours to say
+    assert flt.filter(record("transformers.modeling_utils", logging.WARNING))
+    env: dict[str, str] = {}
+    quiet.verbose_output(env)
+    assert env == {"PREFECT_LOGGING_LEVEL": "INFO", "MLFLOW_LOGGING_LEVEL": "INFO"}
+    assert flt.filter(record("prefect.task_runs"))
+
+
+def test_progress_lines_say_each_steps_fate_once():
+    from conductor.plan.workflow import Step, plan_lines, step_line
+
+    steps = [Step(index=0, worker="calc", instruction="2+2"), Step(index=1, worker="smol",
+             instruction="say it", access=(0,))]  # fmt: skip
+    assert plan_lines(steps) == [
+        "plan:",
+        "  step 0 · calc reads [-]: 2+2",
+        "  step 1 · smol reads [0]: say it",
+    ]
+    assert plan_lines(steps, "no plan found")[0].startswith("invalid plan (no plan found)")
+    assert step_line(steps[0], "completed", "4\n\n", 0.04) == "  ✓ step 0 · calc · 0.0 s: 4"
+    assert step_line(steps[1], "completed", "x" * 200).endswith("x" * 80 + "…")
+    assert step_line(steps[1], "failed") == "  ✗ step 1 · smol failed"
+    assert step_line(steps[1], "skipped") == "  - step 1 · smol skipped"
