@@ -1,0 +1,129 @@
+"""The sandbox through the engine (issue #17): ``single:python`` on a dataset of hostile programs.
+
+The eval runs in this process (the engine), through the real ``python`` tool: afterwards this
+process and a sentinel process of ours are alive, every question is recorded, and the canary
+set in our environment is in no stored row. The fail-closed path goes through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from conductor.data.store import ArtifactStore
+from conductor.plan.requests import EvalRequest
+from conductor.providers.tools.sandbox import HELPER_ENV, run_sandboxed
+from tests.integration.test_cli import assert_clean, cli_env, conductor
+
+CANARY = "canary-eval-51d2"
+
+HOSTILE = {
+    "environ": "import os\nfor p in os.listdir('/proc'):\n    try: print(open(f'/proc/{{p}}/environ').read())\n    except OSError: pass\nprint(dict(os.environ))",  # noqa: E501
+    "parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('sent')",
+    "everyone": "import os\nos.system('kill -9 -1')\nprint('after kill -1')",
+    "network": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)",
+    "home": "import shutil\nshutil.rmtree({home!r})",
+    "tmp": "open('/tmp/{marker}', 'w').write('x')\nprint('wrote')",
+    "forks": "import os\nwhile True:\n    os.fork()",
+    "memory": "x = bytearray(4 * 1024**3)",
+    "disk": "while True:\n    open(f'f{{id(object())}}', 'wb').write(b'x' * (1 << 20))",
+    "late": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1)\n    open({late!r}, 'w').write('late')\nprint('bye')",  # noqa: E501
+    "fine": "print(6 * 7)",
+}
+
+
+@pytest.fixture()
+def hostile_eval(tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("FAKE_API_KEY", CANARY)
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(HELPER_ENV, raising=False)
+    report = json.loads(
+        run_sandboxed("import os, json; print(json.dumps(os.listdir('/proc')))").stdout
+    )
+    if sorted(p for p in report if p.isdigit()) != ["1", "2"]:
+        pytest.skip(f"ISOLATION DOES NOT HOLD, hostile eval not run: /proc lists {report}")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    marker = f"conductor-eval-hostile-{os.getpid()}"
+    art = tmp_path / "art"
+    values = {"port": listener.getsockname()[1], "home": str(art), "marker": marker}
+    values["late"] = str(tmp_path / "late.txt")
+    rows = [
+        {"id": name, "question": f"What does this print?\n```python\n{code.format(**values)}\n```",
+         "reference": "42", "kind": "math"}
+        for name, code in HOSTILE.items()
+    ]  # fmt: skip
+    data = tmp_path / "hostile.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        yaml.safe_dump(
+            {
+                "conductor": {"model": "tool/calculator"},
+                "workers": [
+                    {"name": "python", "kind": "tool", "model": "tool/python", "retries": 0}
+                ],
+            }
+        )
+    )
+    sentinel = subprocess.Popen(["sleep", "120"])
+    yield data, pool, art, listener, sentinel, values
+    sentinel.kill()
+    sentinel.wait()
+    listener.close()
+
+
+@pytest.mark.usefixtures("prefect")
+def test_hostile_programs_through_eval(hostile_eval, tmp_path):
+    import time
+
+    from flows.evaluate import evaluate
+
+    data, pool, art, listener, sentinel, values = hostile_eval
+    request = EvalRequest(dataset=str(data), strategy="single:python", pool=str(pool),
+                          concurrency=4, artifacts=str(art))  # fmt: skip
+    result = evaluate(request)
+    assert result.n == len(HOSTILE) and result.correct == 1  # only "fine" prints 42
+    time.sleep(1.5)  # the "late" grandchild would have written by now
+    assert sentinel.poll() is None  # signals reached nothing outside the sandbox
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    assert not (tmp_path / "late.txt").exists()
+    assert not os.path.exists(f"/tmp/{values['marker']}")
+    store = ArtifactStore(str(art))  # "home" tried to delete it: still there, every question in
+    runs = store.read("runs").to_pylist()
+    steps = store.read("steps").to_pylist()
+    assert sorted(r["question_id"] for r in runs) == sorted(HOSTILE)
+    assert len(steps) == len(HOSTILE) and {s["sandbox"] for s in steps} == {"isolated"}
+    assert CANARY not in json.dumps(runs + steps, default=str)
+
+
+def test_missing_helper_fails_closed_through_the_cli(tmp_path):
+    plan = "model_id = [0]\nsubtasks = ['```python\\nprint(6 * 7)\\n```']\naccess_list = [[]]"
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        yaml.safe_dump(
+            {
+                "conductor": {"model": "openai/gpt-4o-mini", "params": {"mock_response": plan}},
+                "workers": [
+                    {"name": "python", "kind": "tool", "model": "tool/python", "retries": 0}
+                ],
+            }
+        )
+    )
+    env = cli_env(tmp_path, **{HELPER_ENV: "/nonexistent/python"})
+    proc = conductor("run", "Run it.", "--pool", str(pool), "--in-process", cwd=tmp_path, env=env)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "sandbox: cannot start the namespace helper" in errors[0]
+    assert "sandbox: process" in errors[0]
+    assert_clean(proc.stderr)
