@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from typing import Annotated, Any, Optional
 
@@ -32,6 +31,7 @@ from flows.cli_help import ConductorCommand, ConductorGroup
 from flows.cli_train import train_conductor_cmd, train_rm_cmd
 from flows.quiet import (
     hide_deprecation_warnings,
+    offline_defaults,
     progress_bars_off,
     quiet_third_party_notices,
     silence_stderr_at_exit,
@@ -458,11 +458,9 @@ def _jsonable(obj: Any) -> Any:
 
 def main() -> None:
     """Entry point: one line on stderr for every error of ours, never a traceback."""
-    # Before Prefect is imported: the first ephemeral-server start on a fresh machine runs the
-    # database migrations and can take well over Prefect's default 20 s on 2 cores, and the
-    # server must not try to phone home from an offline machine.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Before Prefect, MLflow or Hugging Face is imported: nothing may phone home from an
+    # offline machine (the temporary server's generous start-up wait: flows.runtime).
+    offline_defaults()
     quiet_third_party_notices()
     hide_deprecation_warnings()
     if not sys.stderr.isatty():

@@ -37,8 +37,10 @@ from contextlib import contextmanager
 from conductor.errors import ConductorError
 
 __all__ = [
+    "OFFLINE_DEFAULTS",
     "RUN_LOGGERS",
     "hide_deprecation_warnings",
+    "offline_defaults",
     "progress_bars_off",
     "quiet_prefect_shutdown",
     "quiet_third_party_notices",
@@ -71,6 +73,21 @@ _PROGRESS_BARS_OFF = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # huggingface_hub's and transformers' bars
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # artifact uploads and downloads
 }
+
+
+#: Telemetry and analytics off: the offline default makes no outbound connection attempt.
+OFFLINE_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # the server's "Failed to send telemetry"
+    "MLFLOW_DISABLE_TELEMETRY": "true",  # MLflow 3's usage telemetry
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "1",  # the cross-tool convention (MLflow reads it too)
+}
+
+
+def offline_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
+    """``OFFLINE_DEFAULTS`` as defaults: call before the libraries are imported."""
+    for key, value in OFFLINE_DEFAULTS.items():
+        environ.setdefault(key, value)
 
 
 def quiet_third_party_notices(environ: MutableMapping[str, str] = os.environ) -> None:

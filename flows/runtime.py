@@ -18,23 +18,43 @@ the command. Measured in ``benchmarks/engine_overhead.py`` on Prefect 3.9:
   it lazily, with its output in ``$CONDUCTOR_HOME/logs/prefect-server.log``: nothing of the
   server reaches the terminal, and nothing it says is lost.
 
+Also (issue #17), for the temporary server and every command:
+
+- **offline**: no library phones home (``flows.quiet.OFFLINE_DEFAULTS``: Prefect's server analytics,
+  MLflow's usage telemetry, Hugging Face's telemetry; ``DO_NOT_TRACK``), set as defaults
+  before they are imported, so a user's own setting wins;
+- **a slow host is not a failure**: the server may take minutes to start on a loaded
+  machine (its first start migrates its database). It gets ``STARTUP_TIMEOUT_S`` unless
+  Prefect's own ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` says otherwise, and
+  after ``SLOW_START_NOTICE_S`` the terminal is told once that it is still starting;
+- **no orphans**: the server subprocess gets a parent-death signal (``PR_SET_PDEATHSIG``),
+  so it ends when the command ends, however it ends (SIGKILL included), instead of living
+  on with PPID 1 and holding its port and memory.
+
 With a real server configured, Prefect's defaults stay as they are.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from conductor.errors import ConductorError
+from flows.quiet import offline_defaults
 
 __all__ = [
+    "STARTUP_TIMEOUT_S",
     "TemporaryServerError",
     "local_run_settings",
     "result_storage",
@@ -44,6 +64,9 @@ __all__ = [
 ]
 
 _SERVER_LOG_MAX_BYTES = 8 * 1024 * 1024  # started afresh past this
+STARTUP_TIMEOUT_S = 300  # Prefect's default is 20 s; a loaded 2-core machine needed more
+SLOW_START_NOTICE_S = 5.0
+_STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 
 
 class TemporaryServerError(ConductorError):
@@ -84,6 +107,8 @@ def start_temporary_server() -> None:
     server = SubprocessASGIServer()
     if server.running:
         return
+    offline_defaults()  # read by the server subprocess when it starts
+    timeout = _startup_timeout()
     path = server_log_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "ab" if path.exists() and path.stat().st_size < _SERVER_LOG_MAX_BYTES else "wb"
@@ -96,9 +121,14 @@ def start_temporary_server() -> None:
             log.flush()
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
+            notice = threading.Timer(SLOW_START_NOTICE_S, _say_still_starting, (saved[1], timeout))
+            notice.daemon = True
+            notice.start()
             try:
-                server.start()
+                with _dies_with_this_process():
+                    server.start(timeout=timeout)
             finally:
+                notice.cancel()
                 os.dup2(saved[0], 1)
                 os.dup2(saved[1], 2)
     except RuntimeError as exc:  # Prefect's "Timed out while attempting to connect ..."
@@ -109,6 +139,68 @@ def start_temporary_server() -> None:
     finally:
         for fd in saved:
             os.close(fd)
+
+
+def _startup_timeout() -> int:
+    """Prefect's setting when the user gave one (0 included), else ``STARTUP_TIMEOUT_S``."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as setting
+
+    configured = setting.value()
+    if _STARTUP_TIMEOUT_SETTING in os.environ or configured != setting.default():
+        return max(int(configured), 0) or 0
+    return STARTUP_TIMEOUT_S
+
+
+def _say_still_starting(fd: int, timeout: int) -> None:
+    message = (
+        f"conductor: Prefect's temporary server is still starting (the first start sets up "
+        f"its database; waiting up to {timeout} s). A running server (PREFECT_API_URL) "
+        "starts nothing.\n"
+    )
+    try:
+        os.write(fd, message.encode())
+    except OSError:
+        pass
+
+
+def _parent_death_signal(parent: int) -> Any:
+    """A ``preexec_fn`` (it runs in the child between fork and exec, so it only calls what
+    is already loaded): SIGTERM when the parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, in the parent
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl: no one sends the signal
+            os._exit(1)
+
+    return preexec
+
+
+@contextmanager
+def _dies_with_this_process() -> Iterator[None]:
+    """Subprocesses spawned in this block get a parent-death signal.
+
+    Prefect spawns its server with ``subprocess.Popen`` and offers no hook, so ``Popen`` is
+    wrapped for the duration of ``server.start()`` only. The signal follows the *thread*
+    that spawned the child, so it is set only from the main thread, which lives as long as
+    the command; on other platforms and threads nothing changes."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        yield
+        return
+    original = subprocess.Popen
+    preexec = _parent_death_signal(os.getpid())
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+        kwargs.setdefault("preexec_fn", preexec)
+        return original(*args, **kwargs)
+
+    subprocess.Popen = popen  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        subprocess.Popen = original  # type: ignore[misc]
 
 
 @contextmanager

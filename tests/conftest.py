@@ -49,9 +49,10 @@ def prefect():
     """One Prefect test harness (temporary database, ephemeral server) for the session."""
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.runtime import local_run_settings
+    from flows.runtime import STARTUP_TIMEOUT_S, local_run_settings
 
-    with prefect_test_harness(server_startup_timeout=120), local_run_settings():
+    # The product's own generous wait: a loaded CI machine is slow, not broken (issue #17).
+    with prefect_test_harness(server_startup_timeout=STARTUP_TIMEOUT_S), local_run_settings():
         yield
 
 

@@ -90,7 +90,7 @@ def _stop(proc: subprocess.Popen, timeout_s: float = 30) -> None:
         pass
 
 
-def _wait_healthy(api: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+def _wait_healthy(api: str, proc: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
