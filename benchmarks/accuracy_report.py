@@ -1,4 +1,4 @@
-"""The README's accuracy table, read back from the evals tracked in MLflow.
+"""The accuracy table (docs/benchmarks.md, summarised in the README), read back from MLflow.
 
 ``conductor eval`` logs every eval as one MLflow run in experiment ``eval/<dataset>`` with
 its per-question results table (``results.json``). This script takes, per dataset and
@@ -11,7 +11,7 @@ rate, the eval's wall time, and the accuracy difference to the baseline strategy
     python benchmarks/accuracy_report.py [--datasets arithmetic humaneval] [--json]
 
 The tracking store is ``MLFLOW_TRACKING_URI``, else ``$CONDUCTOR_HOME/mlflow.db`` (as for
-``conductor eval``). Nothing is evaluated here: run the evals first (see the README).
+``conductor eval``). Nothing is evaluated here: run the evals first (see docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Each sample is a fresh process, as a user's command is, in these settings:
 
 - ``ephemeral``: no ``PREFECT_API_URL``; Prefect starts a temporary server in the command;
 - ``server``: ``PREFECT_API_URL`` points at a ``prefect server start`` that this script starts
-  on a free port before the samples and stops at the end (the README's "keep a local server
-  running" setup), each ``conductor run`` a fresh process that runs the flow itself;
+  on a free port before the samples and stops at the end (the "keep a local server
+  running" setup of docs/deployments.md), each ``conductor run`` a fresh process that runs
+  the flow itself;
 - ``served``: the same running server plus ``conductor serve`` (started and warmed before
   the samples, not timed in them): ``conductor run`` hands its request to that warm process;
 - ``served-whole-prompt`` (on request): ``served`` with ``CONDUCTOR_PREFIX_CACHE=0``, so the
