@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -24,6 +25,8 @@ from conductor.errors import ConductorError
 __all__ = [
     "RunTests",
     "SANDBOX_TIMEOUT_S",
+    "TEXT_MIN_TOKENS",
+    "TEXT_TOKENS_PER_REF",
     "Verdict",
     "answer_key",
     "extract_code",
@@ -184,30 +187,135 @@ def verify_mc(answer: str, reference: str) -> Verdict:
 
 # --- text -------------------------------------------------------------------------------------
 
+# Short-answer matching as SQuAD/TriviaQA evaluation does it (issue #18): the normalised
+# reference must appear as a whole-word span of the normalised answer, which must be short.
+# Four guards against answers that "contain" the reference without giving it; each is one
+# linear pass over at most MAX_TEXT_TOKENS tokens:
+# 1. length: at most max(TEXT_MIN_TOKENS, TEXT_TOKENS_PER_REF * reference tokens) tokens, so a
+#    list of twenty candidates fails (a sentence around the answer passes);
+# 2. negation: a negation word among the two tokens before the span ("not Paris", "isn't
+#    Paris", "never Paris", "is not really Paris") fails the answer. Not caught: a negation
+#    after the span ("Paris is not the capital") or a longer reach ("I would not say Paris");
+# 3. alternatives: the span is one bare item of a list (split at , ; / | newlines, "and",
+#    "or") that has three items or more, or that joins it with "or"/"/" ("Berlin, Paris,
+#    Rome", "Paris or Lyon"); "Paris, France" (two items, no "or") passes;
+# 4. a bag of words: three or more tokens besides the span and none of them a function word
+#    ("Paris London Berlin Rome Madrid"): a sentence has at least one ("is", "of", ...).
+# What it does not catch: a short sentence naming one wrong and one right candidate in prose
+# ("it is Paris, maybe it is Lyon" passes) within the length bound.
+
+TEXT_MIN_TOKENS = 12
+TEXT_TOKENS_PER_REF = 4
+_ALIAS_SEP = "|"
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES_RE = re.compile(r"\b(?:a|an|the)\b")
 _TEXT_ANSWER_RE = re.compile(r"answer(?:\s+is)?\s*:?[ \t]*([^\n]+)", re.IGNORECASE)
+_NEGATIONS = frozenset(
+    "not no never isnt arent wasnt werent dont doesnt didnt cannot cant wont neither nor "
+    "nothing none without hardly".split()
+)
+_FUNCTION_WORDS = frozenset(
+    "is are was were be been being am of in on at to for from by with as it its this that "
+    "these those which who whom whose what there here has have had does do did and but so "
+    "because called named known means meaning would will can could should i you he she they "
+    "we my your his her their our answer word".split()
+)
+# List separators; "or" and "/" offer alternatives, so two items are already a hedge.
+_ITEM_SEP_RE = re.compile(r"[,;|\n\u2022]|\s(?:and|&)\s|(/|\s(?:or|either)\s)", re.IGNORECASE)
 
 
 def normalize_text(text: str) -> str:
-    """SQuAD's normalisation: lowercase, drop punctuation and articles, squeeze whitespace.
+    """SQuAD's normalisation: lowercase, drop punctuation (ASCII and Unicode, so typographic
+    quotes too) and articles, squeeze whitespace.
 
     >>> normalize_text("The  Eiffel Tower!")
     'eiffel tower'
+    >>> normalize_text("\u201ccold\u201d")
+    'cold'
     """
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    text = "".join(
+        ch
+        for ch in text.lower()
+        if ch not in _PUNCT and not unicodedata.category(ch).startswith("P")
+    )
     return " ".join(_ARTICLES_RE.sub(" ", text).split())
 
 
-def verify_text(answer: str, reference: str) -> Verdict:
-    """Normalised exact match. The answer is the last ``\\boxed{}``, else the rest of the line
-    after the last "answer is"/"answer:", else the whole text."""
+def _text_span(answer: str) -> str:
+    """The last ``\\boxed{}``, else the rest of the line after the last "answer is"/"answer:",
+    else the whole text."""
     boxed = _boxed(answer)
+    if boxed is not None:
+        return boxed
     matches = list(_TEXT_ANSWER_RE.finditer(answer[-_TAIL_CHARS:]))
-    span = boxed if boxed is not None else matches[-1].group(1) if matches else answer
-    got, want = normalize_text(span), normalize_text(reference)
-    ok = got == want
-    return Verdict(ok, got, f"{got!r} {'==' if ok else '!='} reference {want!r}")
+    return matches[-1].group(1) if matches else answer[-_TAIL_CHARS:]
+
+
+def _find_spans(tokens: list[str], ref: list[str]) -> list[int]:
+    n = len(ref)
+    return [i for i in range(len(tokens) - n + 1) if tokens[i : i + n] == ref]
+
+
+def _is_list_item(raw: str, ref: str) -> bool:
+    """Guard 3: ``ref`` is a bare item of a list of 3+ items, or of an "or" alternative."""
+    parts = _ITEM_SEP_RE.split(raw)
+    items = [normalize_text(p) for p in parts[::2]]  # split() interleaves the captured group
+    hedged = any(p is not None for p in parts[1::2])
+    items = [item for item in items if item]
+    return ref in items and (len(items) >= 3 or (hedged and len(items) >= 2))
+
+
+def _match_alias(tokens: list[str], raw: str, alias: str) -> tuple[bool, str]:
+    ref = alias.split()
+    if tokens == ref:
+        return True, "exact match"
+    if not ref:
+        return False, "empty reference"
+    bound = max(TEXT_MIN_TOKENS, TEXT_TOKENS_PER_REF * len(ref))
+    if len(tokens) > bound:
+        return False, f"answer has {len(tokens)} tokens, more than {bound} for this reference"
+    spans = _find_spans(tokens, ref)
+    if not spans:
+        return False, "reference not a whole-word span of the answer"
+    for i in spans:
+        negation = next((t for t in tokens[max(0, i - 2) : i] if t in _NEGATIONS), None)
+        if negation is not None:
+            return False, f"negated: {negation!r} before the reference"
+    if _is_list_item(raw, alias):
+        return False, "the reference is one item of a list of candidates"
+    inside = {j for i in spans for j in range(i, i + len(ref))}
+    others = [t for j, t in enumerate(tokens) if j not in inside]
+    if len(others) >= 3 and not any(t in _FUNCTION_WORDS for t in others):
+        return False, "a bag of candidate words, not a sentence"
+    return True, "whole-word span"
+
+
+def verify_text(answer: str, reference: str) -> Verdict:
+    """Short-answer match (issue #18): correct when one alias of ``reference`` (aliases are
+    separated by ``|``) is a whole-word span of the normalised answer and no guard above
+    rejects it. The answer is the last ``\\boxed{}``, else the rest of the line after the last
+    "answer is"/"answer:", else the whole text.
+
+    >>> verify_text("The capital city of France is Paris.", "Paris").correct
+    True
+    >>> verify_text("Paris London Berlin Rome Madrid", "Paris").correct
+    False
+    >>> verify_text("It is not Paris.", "Paris").correct
+    False
+    >>> verify_text("Paris, France", "paris, france|Paris").correct
+    True
+    """
+    raw = _text_span(answer)
+    got = normalize_text(raw)
+    tokens = got.split()
+    aliases = [normalize_text(a) for a in reference.split(_ALIAS_SEP)]
+    reasons = []
+    for alias in dict.fromkeys(aliases):
+        ok, why = _match_alias(tokens, raw, alias)
+        if ok:
+            return Verdict(True, got, f"{why}: reference {alias!r} in {got[:200]!r}")
+        reasons.append(f"{alias!r}: {why}")
+    return Verdict(False, got, f"{got[:200]!r} rejected; " + "; ".join(reasons))
 
 
 # --- code -------------------------------------------------------------------------------------
@@ -310,7 +418,7 @@ def answer_key(kind: str, text: str) -> str | None:
         return _extract_letter(text)[0]
     if kind == "code":
         return extract_code(text).strip() or None
-    return normalize_text(text) or None
+    return normalize_text(_text_span(text)) or None
 
 
 def reward(format_valid: bool, correct: bool) -> float:

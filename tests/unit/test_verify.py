@@ -14,6 +14,7 @@ import conductor.data.verify as verify_mod
 from conductor.data.datasets import DatasetError, Example, load_dataset
 from conductor.data.verify import (
     Verdict,
+    answer_key,
     extract_code,
     normalize_text,
     reward,
@@ -130,14 +131,69 @@ TEXT_CASES = [
     ("I reasoned a lot.\nAnswer: Marie Curie", "Marie Curie", True),
     ("\\boxed{an apple}", "apple", True),
     ("London", "Paris", False),
-    ("Paris, France", "Paris", False),
     ("", "Paris", False),
+    # issue #18: a short answer in the worker's own words passes (measured smol outputs)
+    ("The capital city of France is Paris.", "Paris", True),
+    ('The opposite of "hot" is "cold"', "cold", True),
+    ("The opposite of \u201chot\u201d is \u201ccold\u201d.", "cold", True),
+    ("Paris is the capital and largest city of France.", "Paris", True),
+    ("Paris, France", "Paris", True),  # two items, no "or": a place, not a hedge
+    ("The capital isn't Lyon, it's Paris.", "Paris", True),
+    ("The answer is: New York City", "new york city", True),
+    # aliases
+    ("It is Paris, France.", "Lutetia|paris, france", True),
+    ("Lutetia", "Paris|Lutetia", True),
+    ("Lyon", "Paris|paris, france", False),
+    # gaming attempts
+    ("Paris London Berlin Rome Madrid", "Paris", False),  # a bag of candidates
+    (" ".join(["Berlin", "Paris", "Rome", "Madrid", "Lisbon"] * 4), "Paris", False),  # 20 tokens
+    ("It could be Berlin, Paris, Rome, Madrid or Lisbon.", "Paris", False),  # a list
+    ("Berlin, Paris, Rome", "Paris", False),
+    ("Paris or Lyon", "Paris", False),
+    ("Lyon / Paris", "Paris", False),
+    ("not Paris", "Paris", False),
+    ("The capital isn't Paris.", "Paris", False),
+    ("It is not really Paris", "Paris", False),
+    ("Never Paris.", "Paris", False),
+    ("Parisian", "Paris", False),  # inside another word
+    ("The capital is Parisian.", "Paris", False),
+    ("The opposite of hot is coldness", "cold", False),
+    (
+        "The capital and largest city of France is Paris, which is famous for the Eiffel Tower.",
+        "Paris",
+        False,  # 14 tokens > 12: the length bound errs on the strict side
+    ),
 ]
 
 
 @pytest.mark.parametrize(("answer", "reference", "correct"), TEXT_CASES)
 def test_verify_text(answer, reference, correct):
-    assert verify_text(answer, reference).correct is correct
+    verdict = verify_text(answer, reference)
+    assert verdict.correct is correct, verdict.details
+
+
+def test_verify_text_length_bound_grows_with_the_reference():
+    ref = "one two three four"  # 4 tokens: bound max(12, 16) = 16
+    answer = "it is " + ref + " and five six seven eight nine ten"  # 12 tokens
+    assert verify_text(answer, ref).correct
+    assert not verify_text(answer + " x y z w u", ref).correct  # 17 tokens
+    assert "more than 16" in verify_text(answer + " x y z w u", ref).details
+
+
+def test_verify_text_says_why():
+    assert "negated" in verify_text("not Paris", "Paris").details
+    assert "list of candidates" in verify_text("Berlin, Paris, Rome", "Paris").details
+    assert "whole-word" in verify_text("Parisian", "Paris").details
+
+
+def test_verify_text_is_linear_on_hostile_text():
+    text = "paris, or " * 20_000 + "not " * 20_000
+    assert isinstance(verify_text(text, "paris"), Verdict)
+
+
+def test_answer_key_for_text_uses_the_answer_span():
+    assert answer_key("text", "I thought hard.\nAnswer: Paris.") == "paris"
+    assert answer_key("text", "\\boxed{The Paris}") == answer_key("text", "paris")
 
 
 @pytest.mark.parametrize(
@@ -147,6 +203,7 @@ def test_verify_text(answer, reference, correct):
         ("an Apple a day", "apple day"),
         ("  ", ""),
         ("A.B.C", "abc"),
+        ("\u201cQuoted\u201d \u2014 words\u2026", "quoted words"),
     ],
 )
 def test_normalize_text(raw, normal):
