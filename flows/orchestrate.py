@@ -51,6 +51,7 @@ from conductor.plan.strategies import (
 from conductor.plan.workflow import Step, Workflow, plan_lines, step_line
 from conductor.pool import Pool, load_pool
 from conductor.providers.llm import Completion
+from conductor.providers.tools import SANDBOXED_MODELS
 from flows.runtime import result_storage
 from tasks.artifacts import publish_answer, publish_plan, publish_steps, save_run
 from tasks.planning import write_nested_plan, write_plan
@@ -204,8 +205,12 @@ def execute(
             )
             broken[step.index] = f"step {step.index} failed"
             out.reason = out.reason or f"step {step.index} ({step.worker}) failed: {error}"
+            # A failed run of model-written code still records which sandbox it ran in.
+            sandbox = pool.sandbox if model in SANDBOXED_MODELS else None
             out.records.append(
-                _record(ids, step, model, depth, parent, status="failed", error=error)
+                _record(
+                    ids, step, model, depth, parent, status="failed", error=error, sandbox=sandbox
+                )
             )
         else:
             broken[step.index] = broken[upstream]

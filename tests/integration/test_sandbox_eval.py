@@ -127,3 +127,7 @@ def test_missing_helper_fails_closed_through_the_cli(tmp_path):
     assert len(errors) == 1 and "sandbox: cannot start the namespace helper" in errors[0]
     assert "sandbox: process" in errors[0]
     assert_clean(proc.stderr)
+    # Nothing is lost: the failed step is stored, with the sandbox it was to run in.
+    (step,) = ArtifactStore(str(tmp_path / "home" / "artifacts")).read("steps").to_pylist()
+    assert step["status"] == "failed" and step["sandbox"] == "isolated"
+    assert "cannot start the namespace helper" in step["error"]
