@@ -189,6 +189,7 @@ def verify_mc(answer: str, reference: str) -> Verdict:
 
 # Short-answer matching as SQuAD/TriviaQA evaluation does it (issue #18): the normalised
 # reference must appear as a whole-word span of the normalised answer, which must be short.
+# The answer is the boxed text, the "answer:" line, or else the first sentence (_text_span).
 # Four guards against answers that "contain" the reference without giving it; each is one
 # linear pass over at most MAX_TEXT_TOKENS tokens:
 # 1. length: at most max(TEXT_MIN_TOKENS, TEXT_TOKENS_PER_REF * reference tokens) tokens, so a
@@ -210,6 +211,9 @@ _ALIAS_SEP = "|"
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES_RE = re.compile(r"\b(?:a|an|the)\b")
 _TEXT_ANSWER_RE = re.compile(r"answer(?:\s+is)?\s*:?[ \t]*([^\n]+)", re.IGNORECASE)
+# A sentence ends at a line break, or at . ! ? before a space and a capital or a quote
+# ("D.C. is" and "3.5 m" do not end one).
+_SENTENCE_END_RE = re.compile(r"\n|(?<=[.!?])[ \t]+(?=[A-Z\"'\u201c(])")
 _NEGATIONS = frozenset(
     "not no never isnt arent wasnt werent dont doesnt didnt cannot cant wont neither nor "
     "nothing none without hardly".split()
@@ -243,12 +247,21 @@ def normalize_text(text: str) -> str:
 
 def _text_span(answer: str) -> str:
     """The last ``\\boxed{}``, else the rest of the line after the last "answer is"/"answer:",
-    else the whole text."""
+    else the first sentence (or line) of the text.
+
+    The first sentence, because small models answer and then ramble ("The opposite of hot is
+    cold. This is a fundamental concept in science ..."): what an answer commits to first is
+    its answer, and later sentences cannot add candidates. A preamble ("Sure! It is Paris.")
+    therefore fails: the verifier errs on the strict side.
+    """
     boxed = _boxed(answer)
     if boxed is not None:
         return boxed
     matches = list(_TEXT_ANSWER_RE.finditer(answer[-_TAIL_CHARS:]))
-    return matches[-1].group(1) if matches else answer[-_TAIL_CHARS:]
+    if matches:
+        return matches[-1].group(1)
+    head = answer.strip()[:_TAIL_CHARS]
+    return _SENTENCE_END_RE.split(head, maxsplit=1)[0]
 
 
 def _find_spans(tokens: list[str], ref: list[str]) -> list[int]:
@@ -294,9 +307,11 @@ def verify_text(answer: str, reference: str) -> Verdict:
     """Short-answer match (issue #18): correct when one alias of ``reference`` (aliases are
     separated by ``|``) is a whole-word span of the normalised answer and no guard above
     rejects it. The answer is the last ``\\boxed{}``, else the rest of the line after the last
-    "answer is"/"answer:", else the whole text.
+    "answer is"/"answer:", else the first sentence of the text.
 
     >>> verify_text("The capital city of France is Paris.", "Paris").correct
+    True
+    >>> verify_text("The opposite of hot is cold. Cold is a concept in ...", "cold").correct
     True
     >>> verify_text("Paris London Berlin Rome Madrid", "Paris").correct
     False

@@ -140,6 +140,16 @@ TEXT_CASES = [
     ("Paris, France", "Paris", True),  # two items, no "or": a place, not a hedge
     ("The capital isn't Lyon, it's Paris.", "Paris", True),
     ("The answer is: New York City", "new york city", True),
+    # the first sentence is the answer; what follows cannot add candidates
+    (
+        "The opposite of hot is cold. This is a fundamental concept in science and "
+        "technology, where heat is often associated with warmth and light.",
+        "cold",
+        True,
+    ),
+    ("Lyon.\nParis", "Paris", False),
+    ("It is Lyon. Paris, Berlin and Rome are other capitals.", "Paris", False),
+    ("The capital of the U.S. is Washington, D.C. today.", "Washington, D.C.", True),
     # aliases
     ("It is Paris, France.", "Lutetia|paris, france", True),
     ("Lutetia", "Paris|Lutetia", True),
