@@ -239,7 +239,7 @@ def _run_flow(best_of: bool) -> Any:
 @app.command("eval", cls=ConductorCommand)
 def eval_(
     dataset: Annotated[
-        str, typer.Option(help="arithmetic, humaneval, or a JSONL/Parquet/CSV file.")
+        str, typer.Option(help="arithmetic, mixed, humaneval, or a JSONL/Parquet/CSV file.")
     ],
     split: Annotated[str, typer.Option(help="Dataset split.")] = "test",
     limit: Annotated[Optional[int], typer.Option(help="First N questions only.")] = None,  # noqa: UP045

@@ -24,7 +24,7 @@ __all__ = ["train_conductor_cmd", "train_rm_cmd"]
 
 def train_conductor_cmd(
     dataset: Annotated[
-        str, typer.Option(help="Training questions: arithmetic, or a JSONL/Parquet/CSV file.")
+        str, typer.Option(help="Training questions: arithmetic, mixed, or a JSONL/Parquet/CSV file")
     ] = "arithmetic",
     max_steps: Annotated[int, typer.Option(help="GRPO steps.")] = 24,
     num_generations: Annotated[int, typer.Option(help="Rollouts per question (G).")] = 4,

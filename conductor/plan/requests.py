@@ -124,7 +124,7 @@ class EvalRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = Field(description="arithmetic, humaneval, or a JSONL/Parquet/CSV file.")
+    dataset: str = Field(description="arithmetic, mixed, humaneval, or a JSONL/Parquet/CSV file.")
     split: str = Field(default="test", description="Dataset split.")
     limit: int | None = Field(default=None, ge=1, description="First N questions only.")
     strategy: StrategyText = _strategy_field()

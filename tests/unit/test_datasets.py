@@ -1,4 +1,5 @@
-"""Unit tests for conductor.data.datasets (issue #3): arithmetic, humaneval and file loaders."""
+"""Unit tests for conductor.data.datasets (issues #3, #18): arithmetic, mixed, humaneval and
+file loaders."""
 
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ from conductor.data.datasets import (
     ARITHMETIC_SIZES,
     BUILTIN_DATASETS,
     HUMANEVAL_INSTRUCTION,
+    MIXED_DOMAINS,
+    MIXED_SIZES,
+    PROGRAM_QUESTION,
     DatasetError,
     Example,
     load_dataset,
 )
+from conductor.data.verify import verify
 from conductor.errors import ConductorError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,6 +154,96 @@ def test_arithmetic_limit_takes_the_first_n(arith):
 def test_arithmetic_unknown_split():
     with pytest.raises(DatasetError, match="'validation'"):
         load_dataset("arithmetic", split="validation")
+
+
+# --- mixed (issue #18) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed() -> dict[str, list[Example]]:
+    return {split: load_dataset("mixed", split=split) for split in ("test", "train")}
+
+
+def test_mixed_sizes_ids_and_builtin(mixed):
+    assert "mixed" in BUILTIN_DATASETS
+    for split, examples in mixed.items():
+        assert len(examples) == MIXED_SIZES[split]
+        assert [e.id for e in examples] == [f"mixed/{split}/{i}" for i in range(len(examples))]
+        assert len({e.question for e in examples}) == len(examples)
+    with pytest.raises(DatasetError, match="splits"):
+        load_dataset("mixed", split="validation")
+
+
+def test_mixed_is_seeded(mixed):
+    again = load_dataset("mixed", split="train")
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in mixed["train"]]
+    other = load_dataset("mixed", split="test", seed=1)
+    assert [e.question for e in other] != [e.question for e in mixed["test"]]
+    assert {e.meta["domain"] for e in other} == set(MIXED_DOMAINS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_mixed_splits_never_share_a_question(seed):
+    test = load_dataset("mixed", split="test", seed=seed)
+    train = load_dataset("mixed", split="train", seed=seed)
+    assert not {e.question for e in test} & {e.question for e in train}
+
+
+def test_mixed_every_prefix_is_balanced(mixed):
+    for examples in mixed.values():
+        assert all(e.meta["domain"] in MIXED_DOMAINS for e in examples)
+        for n in range(1, len(examples) + 1):
+            counts = Counter(e.meta["domain"] for e in examples[:n])
+            assert max(counts.values()) - min(counts.get(d, 0) for d in MIXED_DOMAINS) <= 1
+    topics = Counter(e.meta["task"] for e in mixed["test"][:100] if e.meta["domain"] == "knowledge")
+    assert max(topics.values()) - min(topics.values()) <= 1, topics
+
+
+def test_mixed_kinds_match_the_verifiers(mixed):
+    for e in mixed["test"] + mixed["train"]:
+        domain = e.meta["domain"]
+        if domain == "knowledge":
+            assert e.kind == "text"
+        elif domain == "program":
+            assert e.kind == ("math" if re.fullmatch(r"-?\d+", e.reference) else "text")
+        else:
+            assert e.kind == "math"
+        assert verify(e, e.reference.split("|")[0]).correct, e  # it passes its own verifier
+
+
+def test_mixed_arithmetic_and_word_references_come_from_the_tree(mixed):
+    for e in mixed["test"] + mixed["train"]:
+        if e.meta["domain"] not in ("arithmetic", "word"):
+            continue
+        assert e.reference == str(evaluate(e.meta["expression"]))
+        numbers = re.findall(r"\d+", e.meta["expression"])
+        if e.meta["domain"] == "word":
+            assert e.meta["level"] == 3
+            assert all(n in e.question for n in numbers)  # every operand is in the text
+            assert not re.search(r"\d\s*[-+*/]\s*\d", e.question)  # but no expression
+        else:
+            assert e.question == f"What is {e.meta['expression']}?"
+
+
+def test_mixed_program_references_are_what_the_sandbox_prints(mixed):
+    from conductor.providers.tools.sandbox import run_python
+
+    programs = [e for e in mixed["test"] if e.meta["domain"] == "program"]
+    sample = programs[:20] + [e for e in mixed["train"] if e.meta["domain"] == "program"][:10]
+    assert len({e.meta["task"] for e in sample}) >= 10  # every generator, at least once
+    for e in sample:
+        assert e.question == PROGRAM_QUESTION.format(e.meta["program"])
+        result = run_python(e.meta["program"], timeout_s=10)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.rstrip("\n") == e.reference, e.meta["program"]
+
+
+def test_mixed_knowledge_facts_are_disjoint_in_phrasing(mixed):
+    test = [e for e in mixed["test"] if e.meta["domain"] == "knowledge"]
+    train = [e for e in mixed["train"] if e.meta["domain"] == "knowledge"]
+    assert {e.meta["task"] for e in test} == {e.meta["task"] for e in train}
+    assert all(e.kind == "text" and e.reference for e in test + train)
+    assert len(train) == MIXED_SIZES["train"] // len(MIXED_DOMAINS)
 
 
 # --- humaneval --------------------------------------------------------------------------------
