@@ -6,8 +6,12 @@ through all of them. References may hold aliases separated by ``|`` (``verify_te
 
 Topics were kept by measurement, not by assumption: SmolLM2-135M-Instruct (``single:smol``,
 greedy) on every fact of a topic with its first template, scored by ``verify_text``; a topic
-stays if it gets >= 80 % (the numbers below, measured on 2026-12-02). Rejected topics, on 10
-questions each: past tense of irregular verbs 1/10 (it says "the past tense of see is see").
+stays if it gets >= 80 %. Measured on 2026-12-02, 10 questions each with the first template:
+kept opposites 9/10, plurals 9/10, currencies 9/10, capitals 7/10 (kept: measured 10/10 in
+issue #18, and here it answers France, Italy and Spain in their own language; see
+docs/evaluation.md for the split's numbers); rejected past tense of irregular verbs 1/10 ("the
+past tense of see is see"), baby animals 0/10, languages 1/10, colours 1/10, continents 1/10,
+the day or month after 0/10.
 Facts whose answer repeats the subject ("the plural of sheep") are left out: the echo of the
 question would pass for an answer.
 """
@@ -157,4 +161,43 @@ PLURALS = Topic(
     ),
 )
 
-TOPICS: tuple[Topic, ...] = (CAPITALS, OPPOSITES, PLURALS)
+CURRENCIES = Topic(
+    "currency",
+    (
+        "What is the currency of {}?",
+        "Which currency is used in {}?",
+        "Name the money used in {}.",
+    ),
+    (
+        ("Japan", "yen"),
+        ("the United Kingdom", "pound|pound sterling|pounds"),
+        ("the United States", "dollar|dollars"),
+        ("India", "rupee|rupees"),
+        ("Russia", "ruble|rouble|rubles"),
+        ("China", "yuan|renminbi"),
+        ("Mexico", "peso|pesos"),
+        ("Switzerland", "franc|francs"),
+        ("South Korea", "won"),
+        ("Germany", "euro|euros"),
+        ("France", "euro|euros"),
+        ("Italy", "euro|euros"),
+        ("Spain", "euro|euros"),
+        ("Brazil", "real|reais"),
+        ("South Africa", "rand"),
+        ("Thailand", "baht"),
+        ("Turkey", "lira|turkish lira"),
+        ("Poland", "zloty|z\u0142oty"),
+        ("Sweden", "krona|kronor"),
+        ("Norway", "krone|kroner"),
+        ("Denmark", "krone|kroner"),
+        ("Israel", "shekel|new shekel|shekels"),
+        ("Vietnam", "dong"),
+        ("Indonesia", "rupiah"),
+        ("Canada", "dollar|dollars"),
+        ("Australia", "dollar|dollars"),
+        ("Egypt", "pound|pounds"),
+        ("Saudi Arabia", "riyal|riyals"),
+    ),
+)
+
+TOPICS: tuple[Topic, ...] = (CAPITALS, OPPOSITES, PLURALS, CURRENCIES)
