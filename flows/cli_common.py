@@ -38,7 +38,8 @@ ConductorOpt = Annotated[
         "-c",
         metavar="REF",
         help="A trained conductor instead of the pool's: an adapter directory, "
-        "models:/conductor@champion, or embedded.",
+        "models:/conductor@champion, embedded, or champion (the registry's champion, else "
+        "embedded).",
     ),
 ]
 

@@ -11,7 +11,14 @@ experiment ``train/conductor``:
    / 1) drives the update;
 4. evaluate the trained adapter on the same held-out questions;
 5. register it as model ``conductor`` (alias ``candidate``), promoted to ``champion`` only
-   if it beats the champion on those questions.
+   if it beats the *incumbent* on those questions: the champion of the registry, or, while
+   the registry has none, the pool's own conductor (the embedded adapter for the local pool),
+   which is what ``conductor run`` would keep using. A worse first candidate never becomes
+   champion (issue #18 measured one at 0 % valid plans promoted over the shipped 100 %).
+
+``before`` measures ``init_adapter`` or, without one, the pool's conductor; the result says
+what it measured (``before_conductor``) and what training started from (``started_from``),
+so a before/after pair from different conductors is labelled as such.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from conductor.adapters import resolve_conductor
+from conductor.adapters import EMBEDDED_ADAPTER, INCUMBENT, resolve_conductor
 from conductor.data.datasets import load_dataset
 from conductor.data.store import ArtifactStore
 from conductor.errors import ConductorError
@@ -38,6 +45,7 @@ from flows.best_of_n import run_question
 from flows.evaluate import evaluate
 from tasks.training import (
     EXPERIMENT,
+    champion_exists,
     champion_needs_eval,
     finish_training_run,
     grpo_train,
@@ -152,6 +160,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         before = (
             _eval(request, request.init_adapter, "before", run_id) if request.eval_before else None
         )
+        before_conductor = request.init_adapter or f"pool conductor ({pool.conductor.model})"
         init = resolve_conductor(request.init_adapter).path if request.init_adapter else None
         n_warm = None
         if request.warm_start:
@@ -176,10 +185,11 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         reward = ExecutedPlanReward(rollout_executor(request, source, run_id))
         grpo = grpo_train(request, pool, train, init, reward, output_dir, run_id)
         after = _eval(request, str(grpo.adapter_dir), "after", run_id)
-        champion = champion_needs_eval(signature) if request.promote else None
-        champion_acc = _eval(request, champion, "champion", run_id).accuracy if champion else None
+        incumbent_acc = (
+            _incumbent_accuracy(request, signature, before, run_id) if request.promote else None
+        )
         registration = register_conductor(
-            run_id, grpo.adapter_dir, after.accuracy, signature, request.promote, champion_acc
+            run_id, grpo.adapter_dir, after.accuracy, signature, request.promote, incumbent_acc
         )
         status = "FINISHED"
     finally:
@@ -226,4 +236,32 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         adapter_dir=str(grpo.adapter_dir),
         model_version=registration.version,
         promoted=registration.promoted,
+        incumbent_accuracy=registration.champion_accuracy,
+        before_conductor=before_conductor if before else None,
+        started_from=_started_from(request, n_warm),
     )
+
+
+def _incumbent_accuracy(
+    request: TrainConductorRequest, signature: str, before: EvalResult | None, run_id: str
+) -> float | None:
+    """The held-out accuracy the candidate must beat: the registry's champion (recorded for
+    these questions, or evaluated now), else the pool's own conductor (``before`` when it
+    measured that conductor, else evaluated now)."""
+    champion = champion_needs_eval(signature)
+    if champion is not None:
+        return _eval(request, champion, "champion", run_id).accuracy
+    if champion_exists():
+        return None  # its accuracy on these questions is recorded: register_conductor reads it
+    # Without a champion, ``champion`` is the shipped adapter: the local pool's conductor.
+    shipped = load_pool(request.pool).conductor.model == f"local/{EMBEDDED_ADAPTER}"
+    if before is not None and (
+        request.init_adapter is None or (request.init_adapter == INCUMBENT and shipped)
+    ):
+        return before.accuracy
+    return _eval(request, None, "incumbent", run_id).accuracy
+
+
+def _started_from(request: TrainConductorRequest, n_warm: int | None) -> str:
+    start = request.init_adapter or f"{request.base} + a new LoRA"
+    return f"{start}, warm-started on {n_warm} plans" if n_warm else start

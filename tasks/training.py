@@ -37,6 +37,7 @@ __all__ = [
     "EXPERIMENT",
     "MODEL_NAME",
     "GrpoOutcome",
+    "champion_exists",
     "champion_needs_eval",
     "finish_training_run",
     "grpo_train",
@@ -292,10 +293,12 @@ def register_conductor(
     champion_accuracy: float | None = None,
 ) -> Registration:
     """Log the adapter, register it as ``conductor`` (alias ``candidate``), and promote it
-    to ``champion`` only if it beats the champion on the same held-out questions.
+    to ``champion`` only if it beats the incumbent on the same held-out questions.
 
-    ``champion_accuracy`` is the champion's accuracy measured in this training run, for a
-    champion whose recorded accuracy was on other questions (``signature`` differs).
+    ``champion_accuracy`` is the incumbent's accuracy measured in this training run: the
+    champion's, when its recorded accuracy was on other questions (``signature`` differs),
+    or, while the registry has no champion, the accuracy of the conductor the pool would
+    otherwise keep using. Without a figure to beat, nothing is promoted.
     """
     client = _mlflow().MlflowClient()
     exists, recorded = _champion_accuracy(client, signature)
@@ -309,12 +312,17 @@ def register_conductor(
         "adapter",
         {"heldout": signature, "heldout_accuracy": f"{accuracy:.6f}"},
     )
-    promoted = promote and should_promote(accuracy, champion_accuracy if exists else None)
-    if exists and champion_accuracy is None:
-        promoted = False  # never promote over a champion we could not compare against
+    # Never promote over an incumbent we could not compare against (issue #18).
+    promoted = promote and champion_accuracy is not None
+    promoted = promoted and should_promote(accuracy, champion_accuracy)
     if promoted:
         client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
     return Registration(str(version.version), champion_accuracy, promoted)
+
+
+def champion_exists() -> bool:
+    """Whether the registry has a ``conductor@champion``."""
+    return _champion_accuracy(_mlflow().MlflowClient(), "")[0]
 
 
 def champion_needs_eval(signature: str) -> str | None:

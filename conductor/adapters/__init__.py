@@ -30,8 +30,12 @@ from conductor.pool import Pool
 
 __all__ = [
     "ADAPTER_META",
+    "CHAMPION_URI",
     "EMBEDDED_ADAPTER",
+    "INCUMBENT",
+    "AdapterError",
     "AdapterInfo",
+    "NotRegistered",
     "download_registered",
     "embedded_adapter_path",
     "is_adapter_dir",
@@ -47,6 +51,16 @@ EMBEDDED_ADAPTER = "smollm2-135m-conductor"
 
 class AdapterError(ConductorError):
     """A conductor reference names nothing loadable."""
+
+
+class NotRegistered(AdapterError):
+    """A ``models:/…`` reference the MLflow registry does not hold."""
+
+
+#: The conductor a retraining continues from and must beat: the registry's champion, else
+#: the adapter shipped in the package (what ``conductor run`` uses while there is none).
+INCUMBENT = "champion"
+CHAMPION_URI = "models:/conductor@champion"
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,11 @@ def download_registered(uri: str) -> Path:
             else client.get_model_version(name, number)
         )
     except MlflowException as exc:
-        raise AdapterError(f"{uri}: not in the MLflow registry ({exc.message})") from None
+        # A missing model or alias is "not registered"; anything else (a tracking server
+        # that is down) is not, so that ``champion`` never falls back on an outage.
+        missing = exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+        error = NotRegistered if missing else AdapterError
+        raise error(f"{uri}: not in the MLflow registry ({exc.message})") from None
     target = models_dir() / "registry" / name / str(version.version)
     if not is_adapter_dir(target):
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -134,8 +152,15 @@ def download_registered(uri: str) -> Path:
 
 
 def resolve_conductor(ref: str) -> AdapterInfo:
-    """A directory, ``models:/NAME@ALIAS``, or ``embedded`` -> the adapter it names."""
+    """A directory, ``models:/NAME@ALIAS``, ``embedded``, or ``champion`` (``INCUMBENT``:
+    ``models:/conductor@champion`` if the registry has one, else ``embedded``) -> the
+    adapter it names."""
     ref = ref.strip()
+    if ref == INCUMBENT:
+        try:
+            return read_adapter(download_registered(CHAMPION_URI))
+        except NotRegistered:
+            ref = "embedded"
     if ref in ("embedded", EMBEDDED_ADAPTER):
         path = embedded_adapter_path()
         if not is_adapter_dir(path):

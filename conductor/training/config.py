@@ -131,6 +131,15 @@ class TrainConductorResult(BaseModel):
     adapter_dir: str
     model_version: str | None
     promoted: bool
+    incumbent_accuracy: float | None = Field(
+        default=None,
+        description="Held-out accuracy of the conductor the candidate had to beat (the "
+        "champion, else the pool's conductor).",
+    )
+    before_conductor: str | None = Field(
+        default=None, description="What the 'before' accuracy measured."
+    )
+    started_from: str | None = Field(default=None, description="What training started from.")
 
 
 def on_gpu() -> bool:

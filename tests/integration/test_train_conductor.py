@@ -184,8 +184,27 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     # never become warm-start data, so one of the three verified-correct runs remains.
     assert result.warm_start_examples == 1
     assert result.accuracy_before is not None and result.accuracy_after is not None
-    assert result.promoted  # the first candidate has no champion to beat
+    # No champion yet: the incumbent is the pool's own conductor, measured as "before"; a
+    # first candidate that does not beat it is registered but never promoted (issue #18).
+    assert result.before_conductor == f"pool conductor (local/{tiny_base})"
+    assert result.started_from == f"{tiny_base} + a new LoRA, warm-started on 1 plans"
+    assert result.incumbent_accuracy == result.accuracy_before
+    assert result.promoted == (result.accuracy_after > result.accuracy_before)
     assert result.adapter_uri == "models:/conductor/1"
+    from tasks.training import champion_exists, register_conductor
+
+    assert champion_exists() == result.promoted
+    if not result.promoted:  # promote it the way a better candidate is promoted
+        better = register_conductor.fn(
+            result.run_id, Path(result.adapter_dir), 1.0, "mini/test/2/0", True, 0.5
+        )
+        assert better.promoted and better.champion_accuracy == 0.5
+    champion_version = str(
+        __import__("mlflow")
+        .MlflowClient(tracking_uri())
+        .get_model_version_by_alias("conductor", "champion")
+        .version
+    )
 
     mlflow.set_tracking_uri(tracking_uri())
     client = mlflow.MlflowClient()
@@ -201,7 +220,9 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     assert {c.info.run_name for c in children} >= {"warm-start", "grpo", "before", "after"}
     grpo = next(c for c in children if c.info.run_name == "grpo")
     assert "reward" in grpo.data.metrics  # TRL's own curve, through report_to="mlflow"
-    assert str(client.get_model_version_by_alias("conductor", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("conductor", "champion").version) == (
+        champion_version
+    )
 
     # Rollouts are stored, tagged with the training run.
     runs = ArtifactStore().read_pandas("runs")
@@ -216,14 +237,14 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     served = with_conductor(load_pool(pool), "models:/conductor@champion")
     assert served.conductor.model.startswith("local/")
 
-    # A second, worse candidate is registered but not promoted.
-    from tasks.training import register_conductor
-
+    # A worse candidate is registered but not promoted.
     worse = register_conductor.fn(
         result.run_id, Path(result.adapter_dir), -1.0, "mini/test/2/0", True
     )
     assert not worse.promoted
-    assert str(client.get_model_version_by_alias("conductor", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("conductor", "champion").version) == (
+        champion_version
+    )
     assert str(client.get_model_version_by_alias("conductor", "candidate").version) == worse.version
 
 
@@ -317,7 +338,12 @@ def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
     assert set(result) == {
         "run_id", "steps", "wall_s", "warm_start_examples", "reward_first", "reward_last",
         "format_valid_before", "format_valid_after", "accuracy_before", "accuracy_after",
-        "adapter_uri", "promoted",
+        "adapter_uri", "promoted", "incumbent_accuracy", "before_conductor", "started_from",
     }  # fmt: skip
     assert result["steps"] == 1 and result["accuracy_before"] is None
+    # --no-eval-before: the incumbent (the pool's conductor, no champion yet) is measured
+    # anyway, on the same held-out question, and labelled as what training did not start from.
+    assert result["incumbent_accuracy"] is not None and result["before_conductor"] is None
+    assert result["started_from"] == f"{tiny_base} + a new LoRA"
+    assert result["promoted"] == (result["accuracy_after"] > result["incumbent_accuracy"])
     assert "loss" in proc.stderr  # the trainer's progress is visible, on stderr

@@ -113,6 +113,21 @@ def test_train_conductor_deployment_targets_the_gpu_pool():
     assert request.warm_start and request.batch_size % request.num_generations == 0
 
 
+def test_train_conductor_retrains_weekly_from_the_incumbent():
+    from prefect.client.schemas.schedules import CronSchedule
+
+    from conductor.adapters import INCUMBENT
+
+    train = {d["name"]: d for d in _deployments()}["train-conductor"]
+    (schedule,) = train["schedules"]
+    CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])  # raises if invalid
+    minute, hour, day, month, weekday = schedule["cron"].split()
+    assert (day, month) == ("*", "*") and weekday.isdigit()  # once a week
+    flow = load_flow_from_entrypoint(train["entrypoint"])
+    request = flow.validate_parameters(schedule["parameters"])["request"]
+    assert request.init_adapter == INCUMBENT and request.promote
+
+
 def test_kubernetes_gpu_job_template_asks_for_a_gpu():
     import json
 

@@ -204,6 +204,20 @@ def test_registry_reference_without_a_registered_model_is_a_clear_error(tmp_path
         resolve_conductor("models:/conductor@champion")
 
 
+def test_the_incumbent_is_the_champion_else_the_shipped_adapter(tmp_path, monkeypatch):
+    from conductor.adapters import INCUMBENT, NotRegistered, embedded_adapter_path
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert resolve_conductor(INCUMBENT).path == embedded_adapter_path().resolve()
+    # A registry that is not reachable is an error, not "no champion".
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with pytest.raises(AdapterError) as raised:
+        resolve_conductor(INCUMBENT)
+    assert not isinstance(raised.value, NotRegistered)
+
+
 def test_promotion_only_for_a_better_candidate():
     assert should_promote(0.5, None)
     assert not should_promote(0.6, 0.7)
