@@ -48,6 +48,13 @@ def train_conductor_cmd(
         ),
     ] = True,
     warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 1.5,
+    collect_limit: Annotated[
+        int,
+        typer.Option(
+            help="With no verified-correct run in the store: each single worker first answers "
+            "this many training questions (0: never)."
+        ),
+    ] = 100,
     limit: Annotated[Optional[int], typer.Option(help="First N training questions.")] = None,  # noqa: UP045
     eval_limit: Annotated[int, typer.Option(help="Held-out questions, before and after.")] = 50,
     no_eval_before: Annotated[
@@ -86,6 +93,7 @@ def train_conductor_cmd(
         init_adapter=init_adapter,
         warm_start=warm_start,
         warm_start_epochs=warm_start_epochs,
+        collect_limit=collect_limit,
         max_steps=max_steps,
         num_generations=num_generations,
         batch_size=batch_size,

@@ -4,7 +4,9 @@ Stages (issue #8), each a task run and, in MLflow, a run nested under the traini
 experiment ``train/conductor``:
 
 1. evaluate the starting conductor on the held-out split (``evaluate`` subflow);
-2. optionally a warm start (SFT) on verified-correct runs of the artifact store;
+2. optionally a warm start (SFT) on verified-correct runs of the artifact store; on a store
+   with none, each single worker first answers ``collect_limit`` training questions (one
+   eval each), so ``train-conductor`` on an empty store collects the runs it needs itself;
 3. GRPO: the policy samples ``num_generations`` plans per question, every plan runs as an
    ``orchestrate`` subflow (a step's rollouts concurrently), is verified and stored in the
    ``runs``/``steps`` tables tagged with the training run and step, and its reward (0 / 0.5
@@ -129,6 +131,40 @@ def _eval(request: TrainConductorRequest, conductor: str | None, name: str, pare
     return result
 
 
+def _warm_start_data(request: TrainConductorRequest, pool: Pool, heldout: list) -> list:
+    return warm_start_examples(
+        ArtifactStore().read_pandas("runs"),
+        pool,
+        exclude_questions=[e.question for e in heldout],
+        limit=request.warm_start_examples,
+        seed=request.seed,
+    )
+
+
+def _collect(request: TrainConductorRequest, pool: Pool, parent: str) -> None:
+    """An empty store: every single worker answers ``collect_limit`` training questions, so
+    that the verified-correct ones (and only those) become warm-start plans. Each worker is
+    one eval, tracked under the training run as ``collect <worker>``."""
+    for worker in pool.workers:
+        if worker.kind == "conductor":
+            continue
+        evaluate(
+            EvalRequest(
+                dataset=request.dataset,
+                split=request.split,
+                limit=request.collect_limit,
+                strategy=f"single:{worker.name}",
+                concurrency=request.eval_concurrency,
+                pool=request.pool,
+                seed=request.seed,
+                experiment=EXPERIMENT,
+                run_name=f"collect {worker.name}",
+                mlflow_tags={"mlflow.parentRunId": parent, "stage": "collect"},
+            ),
+            return_state=True,
+        )
+
+
 def _training_pool(request: TrainConductorRequest) -> Pool:
     pool = load_pool(request.pool)
     conductor = pool.conductor.model_copy(update={"prompt": request.prompt})
@@ -164,14 +200,10 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         init = resolve_conductor(request.init_adapter).path if request.init_adapter else None
         n_warm = None
         if request.warm_start:
-            runs = ArtifactStore().read_pandas("runs")
-            examples = warm_start_examples(
-                runs,
-                pool,
-                exclude_questions=[e.question for e in heldout],
-                limit=request.warm_start_examples,
-                seed=request.seed,
-            )
+            examples = _warm_start_data(request, pool, heldout)
+            if not examples and request.collect_limit:
+                _collect(request, pool, run_id)
+                examples = _warm_start_data(request, pool, heldout)
             n_warm = len(examples)
             if not examples:
                 raise ConductorError(

@@ -69,6 +69,12 @@ class TrainConductorRequest(BaseModel):
     warm_start_examples: int = Field(
         default=64, ge=1, description="At most this many verified-correct plans (seeded draw)."
     )
+    collect_limit: int = Field(
+        default=100,
+        ge=0,
+        description="When the store holds no verified-correct run for the warm start: first "
+        "run each single worker on this many training questions (0: never collect).",
+    )
     warm_start_epochs: float = Field(default=1.5, gt=0, description="SFT epochs.")
     warm_start_lr: float = Field(default=1e-3, gt=0, description="SFT learning rate.")
     warm_start_batch_size: int = Field(default=4, ge=1, description="SFT examples per step.")

@@ -248,6 +248,25 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     assert str(client.get_model_version_by_alias("conductor", "candidate").version) == worse.version
 
 
+def test_train_conductor_on_an_empty_store_collects_the_runs_it_needs(setup, tiny_base):
+    from conductor.errors import ConductorError
+    from flows.train_conductor import train_conductor
+
+    data, pool, _ = setup
+    with pytest.raises(ConductorError, match="holds no verified-correct run"):
+        train_conductor(_request(data, pool, tiny_base, warm_start=True, collect_limit=0))
+    result = train_conductor(
+        _request(data, pool, tiny_base, warm_start=True, max_steps=1, collect_limit=3)
+    )
+    runs = ArtifactStore().read_pandas("runs")
+    strategies = [dict(t).get("strategy") for t in runs["tags"]]
+    # Each single worker answered the three training questions once (the collection) ...
+    assert strategies.count("single:oracle") == 3 and strategies.count("single:echo") == 3
+    # ... and only the verified-correct runs outside the held-out two became warm-start data.
+    assert result.warm_start_examples == 1
+    assert result.started_from == f"{tiny_base} + a new LoRA, warm-started on 1 plans"
+
+
 def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base, tmp_path):
     """One base in memory: the adapter applies for the conductor, not for base workers."""
     from peft import LoraConfig, get_peft_model
