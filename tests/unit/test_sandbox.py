@@ -447,3 +447,24 @@ def test_humaneval_check_runs_isolated_and_still_passes() -> None:
     result = run_python_tests(program, tests, "add")
     assert result.passed and result.mode == "isolated"
     assert not run_python_tests(program.replace("+", "-"), tests, "add").passed
+
+
+def test_an_engine_interpreter_under_tmp_is_isolated_too(tmp_path: Path) -> None:
+    """A virtualenv in /tmp (CI's fresh clone) lives under a scratch place of the sandbox:
+    its read-only bind must sit on the private /tmp, not collide with it."""
+    import sysconfig
+
+    venv = tmp_path / "venv"  # tmp_path is under /tmp
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    repo = Path(__file__).resolve().parents[2]
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{repo}:{sysconfig.get_path('purelib')}"}
+    probe = (
+        "from conductor.providers.tools.sandbox import run_python\n"
+        "r = run_python('import os, sys; print(sys.prefix, os.getpid(), len(os.listdir(\"/tmp\")))')\n"
+        "print(r.stdout.strip(), r.returncode)\n"
+    )
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", probe], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    prefix, pid, _entries, rc = proc.stdout.split()
+    assert prefix == str(venv) and pid == "2" and rc == "0"  # ran isolated, from that venv

@@ -90,9 +90,6 @@ def _ns_setup_root(cfg, call):  # noqa: ANN001, ANN202
     etc += " alternatives mime.types os-release"
     for name in etc.split() + [n for n in os.listdir("/etc") if n.startswith("python3")]:
         bind_into(root, "/etc/" + name)
-    for path in cfg["binds"]:
-        if not os.path.exists(root + path):  # else inside /usr or another bind already
-            bind_into(root, path)
     os.makedirs(root + "/dev")
     for dev in ("null", "zero", "full", "random", "urandom"):
         bind_into(root, "/dev/" + dev, writable=True)  # device nodes: writing needs no rw fs
@@ -112,6 +109,11 @@ def _ns_setup_root(cfg, call):  # noqa: ANN001, ANN202
         for place in places:
             os.makedirs(root + place)
             mount(f"{scratch}/{name}", root + place, None, bind)
+    # The interpreter's own paths last: one may live under a scratch place (a virtualenv in
+    # /tmp), where its read-only bind then sits on top of the scratch tmpfs.
+    for path in cfg["binds"]:
+        if not os.path.exists(root + path):  # else inside /usr or another bind already
+            bind_into(root, path)
     with os.fdopen(cfg["code_fd"], "rb") as src, open(root + home + "/main.py", "wb") as dst:
         dst.write(src.read())
     os.chown(root + home + "/main.py", uid, uid)
