@@ -410,6 +410,26 @@ def test_python_runs_code_from_earlier_answer(tools: None) -> None:
     assert response.usage.total_tokens == 0
 
 
+def test_python_runs_the_program_of_the_shared_question(tools: None) -> None:
+    """A plan's subtask may name the question's program instead of copying it (issue #18)."""
+    from conductor.plan.prompts import worker_messages
+
+    question = "What does this program print?\n```python\nprint(sum(range(5)))\n```"
+    asked = worker_messages(question, "Run the program in the question.", [])
+    assert run_tool("tool/python", asked) == "10"
+    # The subtask's own code and an earlier answer's still come first.
+    own = worker_messages(question, "```python\nprint('own')\n```", [])
+    assert run_tool("tool/python", own) == "own"
+    earlier = worker_messages(question, "Run it.", [("Write it.", "```python\nprint(7)\n```")])
+    assert run_tool("tool/python", earlier) == "7"
+    # A question without a fenced block is not taken for code, and the question is not
+    # shared when the pool says so.
+    with pytest.raises(ToolError, match="no code in the instruction, an earlier answer"):
+        run_tool("tool/python", worker_messages("What is 2 + 3?", "Run the program.", []))
+    with pytest.raises(ToolError):
+        run_tool("tool/python", worker_messages(question, "Run it.", [], share_question=False))
+
+
 def test_python_reports_stderr_and_timeout(tools: None) -> None:
     failing = run_tool("tool/python", _ask("```python\nprint('hi')\n1 / 0\n```"))
     assert failing.startswith("hi\nstderr:\nTraceback") and "ZeroDivisionError" in failing

@@ -88,23 +88,28 @@ def answer_python(
     timeout_s: float | None = None,
     sandbox: SandboxMode = "isolated",
 ) -> str:
-    """Run the subtask's code, or the latest visible answer's, and report what it printed.
+    """Run the subtask's code, else the latest visible answer's, else a fenced block of the
+    shared question, and report what it printed.
 
-    ``sandbox`` is the pool's setting (``isolated`` unless the pool says ``process``).
+    The last fallback lets a plan say "run the program in the question" without copying the
+    program into its subtask: issue #18 measured conductor plans cut at their token limit
+    before the program was copied. ``sandbox`` is the pool's setting (``isolated`` unless the
+    pool says ``process``).
     """
     last = _last_user(messages)
     candidates = [messages[last]] + [
         m for m in reversed(messages[:last]) if m.get("role") == "assistant"
     ]
+    shared = [m for m in messages[:last] if m.get("role") == "system" and "```" in _text(m)]
     code = None
-    for message in candidates:
+    for message in candidates + shared:
         try:
             code = extract_code(_text(message))
             break
         except ToolError:
             continue
     if code is None:
-        raise ToolError("python: no code in the instruction or in an earlier answer")
+        raise ToolError("python: no code in the instruction, an earlier answer or the question")
     limit = min(PYTHON_TIMEOUT_S, timeout_s) if timeout_s else PYTHON_TIMEOUT_S
     result = run_sandboxed(code, mode=sandbox, timeout_s=limit)
     answer = result.stdout.rstrip("\n")
