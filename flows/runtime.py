@@ -147,7 +147,7 @@ def _startup_timeout() -> int:
 
     configured = setting.value()
     if _STARTUP_TIMEOUT_SETTING in os.environ or configured != setting.default():
-        return max(int(configured), 0) or 0
+        return max(int(configured), 0)
     return STARTUP_TIMEOUT_S
 
 
