@@ -13,6 +13,7 @@ __all__ = [
     "PoolConfigError",
     "WorkerError",
     "StoreError",
+    "StoreUnavailableError",
 ]
 
 
@@ -30,6 +31,11 @@ class PoolConfigError(ConductorError):
 
 class StoreError(ConductorError):
     """The artifact store cannot be read or written."""
+
+
+class StoreUnavailableError(StoreError):
+    """The artifact store's server stayed unreachable through every retry (an outage, not a
+    bad path or a refused credential)."""
 
 
 class WorkerError(ConductorError):

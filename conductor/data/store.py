@@ -1,33 +1,50 @@
 """The intermediate-artifact dataset: Parquet tables ``runs/``, ``steps/`` and ``pairs/`` under
 one root (``pairs`` holds OrchRM's preference pairs, built from the other two).
 
-The root is a local path (default :func:`conductor.home.artifacts_location`) or any URL that
-``pyarrow.fs`` can write (``s3://…``). Each :meth:`ArtifactStore.write` adds at most one
-immutable ``part-<utc>-<uuid>.parquet`` per table (:meth:`ArtifactStore.write_pairs` one in
-``pairs``), so plain ``pandas.read_parquet``, ``pyarrow.dataset`` and DuckDB
-``read_parquet('<root>/steps/*.parquet')`` read it directly.
+The root is a local path (default :func:`conductor.home.artifacts_location`), an
+``s3://bucket/prefix`` URL (any S3 API: AWS, MinIO, Ceph, moto; endpoint and credentials from the
+standard ``AWS_*`` settings, see :func:`s3_filesystem`) or any other URL that ``pyarrow.fs`` can
+write. Each :meth:`ArtifactStore.write` adds at most one immutable ``part-…parquet`` per table
+(:meth:`ArtifactStore.write_pairs` one in ``pairs``), so plain ``pandas.read_parquet``,
+``pyarrow.dataset`` and DuckDB ``read_parquet('<root>/steps/*.parquet')`` read it directly.
 
 - Locally a file is written to a hidden ``.tmp-<uuid>.inprogress`` (skipped by dataset discovery
   and ``*.parquet`` globs), fsynced, then renamed into place: a killed writer never leaves a
-  partial visible file. On object stores the final key is written in one PUT, which is atomic.
+  partial visible file. On object stores the final key is written in one request (a PUT, or a
+  multipart upload above pyarrow's part size, completed in one request), which is atomic: no
+  temp key, no rename.
+- Names never collide between hosts: ``part-<utc>-<uuid>`` locally, ``part-<utc>-<host>-<sha256
+  of the bytes>`` on object stores, so a retried write of the same rows is the same object.
 - :meth:`ArtifactStore.compact` merges a table's files into one ``compact-…`` file whose
-  Parquet metadata ``conductor.replaces`` lists the files it replaces, renames it into place,
-  then deletes those files. :meth:`ArtifactStore.read` drops every file a present compact file
-  replaces and retries when a file vanishes under it, so it always sees each row exactly once.
-  Raw readers (pandas, DuckDB) may see duplicates or a missing file during that short window.
+  Parquet metadata ``conductor.replaces`` lists the files it replaces, publishes it, then
+  deletes those files. :meth:`ArtifactStore.read` drops every file a present compact file
+  replaces (and a compact file whose sources another one's include: two compactions that raced
+  past the object-store lock) and retries when a file vanishes under it, so it always sees each
+  row exactly once. Raw readers (pandas, DuckDB) may see duplicates or a missing file during
+  that short window.
+- Object-store outages: every operation retries with backoff for ``CONDUCTOR_ARTIFACTS_RETRY_S``
+  seconds (default 15), then raises one :class:`~conductor.errors.StoreUnavailableError` line
+  naming the store and its endpoint. A batch that could not be written is kept first in a local
+  spool (``$CONDUCTOR_HOME/spool/``) under its final name; the next write or compaction from
+  this home sends it (:meth:`ArtifactStore.flush`), and a retry of the same batch is not
+  written twice. Readers see spooled rows once they are sent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,13 +53,20 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
-from conductor.errors import StoreError
-from conductor.home import artifacts_location
+from conductor.errors import StoreError, StoreUnavailableError
+from conductor.home import artifacts_location, conductor_home
 
 if TYPE_CHECKING:  # pyarrow imports pandas itself in to_pandas(); importing it costs 0.6 s
     import pandas as pd
 
-__all__ = ["ArtifactStore", "StoreSummary", "CompactResult", "TableName", "TABLES"]
+__all__ = [
+    "ArtifactStore",
+    "StoreSummary",
+    "CompactResult",
+    "TableName",
+    "TABLES",
+    "s3_filesystem",
+]
 
 TableName = Literal["runs", "steps", "pairs"]
 TABLES: tuple[TableName, ...] = ("runs", "steps", "pairs")
@@ -62,6 +86,16 @@ _LOCK = ".compact.lock"
 _STALE_LOCK_S = 600.0  # a compaction holding the lock longer than this is presumed dead
 _STALE_TMP_S = 3600.0  # a .tmp- file this old belongs to a killed writer
 _READ_ATTEMPTS = 60
+_RETRY_S = 15.0  # default budget of retries while an object store is unreachable
+_LOCK_SETTLE_S = 0.2  # object stores: wait, then read the lock back (the last PUT wins)
+_SENT_KEEP_S = 86400.0  # how long a sent spool file's digest is remembered
+# Failures worth retrying: the server is down, slow or overloaded (pyarrow/AWS SDK wording).
+_TRANSIENT = re.compile(
+    r"NETWORK_CONNECTION|curlCode|connect to server|Connection reset|timed out|Timeout|"
+    r"SLOW_DOWN|SERVICE_UNAVAILABLE|INTERNAL_FAILURE|REQUEST_TIMEOUT|HTTP status 5\d\d"
+)
+_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -97,6 +131,76 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _transient(e: BaseException) -> bool:
+    """An error a retry may cure (the server is unreachable or overloaded)."""
+    return (
+        isinstance(e, (OSError, pa.ArrowException))
+        and not isinstance(e, FileNotFoundError)
+        and bool(_TRANSIENT.search(str(e)))
+    )
+
+
+def _fail(e: Exception, message: str) -> StoreError | Exception:
+    """``e`` itself when a retry may cure it (the caller's retry loop handles it), else a
+    :class:`StoreError` with ``message``."""
+    return e if _transient(e) else StoreError(f"{message}: {e}")
+
+
+def _reason(e: BaseException) -> str:
+    """The useful part of an AWS SDK message, on one line."""
+    text = " ".join(str(e).split())
+    found = re.search(r"AWS Error (.*?)(?:; Details: (.*))?$", text)
+    if found:
+        text = f"{found[1]} ({found[2]})" if found[2] else found[1]
+    return text[:300]
+
+
+def _parquet_bytes(data: pa.Table) -> bytes:
+    buf = pa.BufferOutputStream()
+    pq.write_table(data, buf)
+    return buf.getvalue().to_pybytes()
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def s3_filesystem(bucket: str) -> tuple[pafs.S3FileSystem, str | None]:
+    """A ``pyarrow.fs.S3FileSystem`` from the standard settings, and the endpoint URL (None:
+    AWS itself).
+
+    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (``http://host:port`` for MinIO or moto) is
+    passed as ``endpoint_override`` and ``scheme`` explicitly: pyarrow's own reading of those
+    variables is unreliable (apache/arrow#49643). ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``
+    and ``AWS_SESSION_TOKEN`` when set (else the AWS SDK's usual chain: profile, instance role);
+    ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (with an endpoint and neither set: ``us-east-1``;
+    on AWS with neither set, the bucket's region is looked up).
+    """
+    env = os.environ.get
+    kw: dict[str, Any] = {
+        "allow_delayed_open": True,  # a file under the part size is one PutObject, not three calls
+        "connect_timeout": 3.0,
+        "request_timeout": 30.0,
+        # A short inner retry; ArtifactStore's own loop backs off for longer and says what is down.
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+    }
+    if env("AWS_ACCESS_KEY_ID") and env("AWS_SECRET_ACCESS_KEY"):
+        kw.update(
+            access_key=env("AWS_ACCESS_KEY_ID"),
+            secret_key=env("AWS_SECRET_ACCESS_KEY"),
+            session_token=env("AWS_SESSION_TOKEN") or None,
+        )
+    endpoint = env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or None
+    region = env("AWS_REGION") or env("AWS_DEFAULT_REGION")
+    if endpoint:
+        url = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kw.update(endpoint_override=url.netloc + url.path.rstrip("/"), scheme=url.scheme)
+        region = region or "us-east-1"
+    elif not region:
+        region = pafs.resolve_s3_region(bucket)
+    return pafs.S3FileSystem(region=region, **kw), endpoint
+
+
 class ArtifactStore:
     """Append-only Parquet tables ``runs``, ``steps`` and ``pairs`` with atomic writes and safe
     compaction.
@@ -105,14 +209,30 @@ class ArtifactStore:
     explicit credentials; ``root`` is then a path inside it.
     """
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, *, filesystem: Any = None):
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        filesystem: Any = None,
+        retry_s: float | None = None,
+    ):
         given = str(root) if root is not None else artifacts_location()
         self._fs: pafs.FileSystem | None = filesystem
+        self._endpoint: str | None = None
         if filesystem is not None or "://" in given:
             self._root = self._base = given.rstrip("/") or given
         else:
             self._root = self._base = os.path.abspath(os.path.expanduser(given))
             self._fs = pafs.LocalFileSystem()
+        if retry_s is None:
+            raw = os.environ.get("CONDUCTOR_ARTIFACTS_RETRY_S", "").strip()
+            try:
+                retry_s = float(raw) if raw else _RETRY_S
+            except ValueError:
+                raise StoreError(
+                    f"CONDUCTOR_ARTIFACTS_RETRY_S must be a number of seconds, got {raw!r}"
+                ) from None
+        self._retry_s = max(0.0, retry_s)
         self._replaces_cache: dict[tuple[str, str], frozenset[str]] = {}
 
     @property
@@ -124,7 +244,11 @@ class ArtifactStore:
         """The filesystem, opened on first use (opening an ``s3://`` URL may touch the network)."""
         if self._fs is None:
             try:
-                self._fs, self._base = pafs.FileSystem.from_uri(self._root)
+                if self._root.startswith("s3://"):
+                    self._base = self._root[len("s3://") :]
+                    self._fs, self._endpoint = s3_filesystem(self._base.split("/", 1)[0])
+                else:
+                    self._fs, self._base = pafs.FileSystem.from_uri(self._root)
             except (pa.ArrowException, OSError, ValueError) as e:
                 raise StoreError(f"cannot open artifact store {self._root!r}: {e}") from e
         return self._fs
@@ -132,6 +256,29 @@ class ArtifactStore:
     @property
     def _local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def _mkdir(self, path: str) -> None:
+        if not isinstance(self.fs, pafs.S3FileSystem):  # S3 keys need no folder (nor markers)
+            self.fs.create_dir(path, recursive=True)
+
+    def _retry(self, what: str, call: Callable[..., T], *args: Any) -> T:
+        """``call()``, retried with backoff while the store is unreachable; after
+        ``retry_s`` seconds one :class:`StoreUnavailableError` naming the store and endpoint."""
+        deadline, delay = time.monotonic() + self._retry_s, 0.2
+        while True:
+            try:
+                return call(*args)
+            except (OSError, pa.ArrowException) as e:
+                if not _transient(e):
+                    raise StoreError(f"cannot {what} in {self._root}: {e}") from e
+                if time.monotonic() + delay > deadline:
+                    at = self._endpoint or ("AWS S3" if self._root.startswith("s3://") else "")
+                    raise StoreUnavailableError(
+                        f"artifact store {self._root} unreachable{f' at {at}' if at else ''} "
+                        f"({what}; retried {self._retry_s:g} s): {_reason(e)}"
+                    ) from e
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def table_path(self, table: TableName) -> str:
         if table not in _SCHEMAS:
@@ -147,15 +294,15 @@ class ArtifactStore:
 
     def write(self, runs: Sequence[RunRecord], steps: Sequence[StepRecord]) -> list[str]:
         """Write one batch: at most one new file per table. Returns the paths written."""
-        written = []
+        batch = []
         for table, rows in (
             ("runs", [r.row() for r in runs]),
             ("steps", [s.model_dump() for s in steps]),
         ):
             if rows:
                 data = pa.Table.from_pylist(rows, schema=_SCHEMAS[table]).sort_by(_SORT[table])
-                written.append(self._put(table, data, "part"))
-        return written
+                batch.append((table, data))
+        return self._publish(batch)
 
     def write_pairs(self, table: pa.Table) -> str | None:
         """Write OrchRM pairs as one new file of ``pairs``; the path, or None when ``table`` is
@@ -168,7 +315,7 @@ class ArtifactStore:
         data = self._conform_pairs(table)
         if data.num_rows == 0:
             return None
-        return self._put("pairs", data.sort_by(_SORT["pairs"]), "part")
+        return self._publish([("pairs", data.sort_by(_SORT["pairs"]))])[0]
 
     def _conform_pairs(self, table: pa.Table) -> pa.Table:
         where = f"cannot write pairs to {self.table_path('pairs')}"
@@ -205,38 +352,153 @@ class ArtifactStore:
     def _put(
         self, table: str, data: pa.Table, prefix: str, check: Callable[[], None] | None = None
     ) -> str:
-        """Make ``data`` visible as one new file, atomically; ``check()`` runs just before."""
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        directory, name = self._dir(table), f"{prefix}-{stamp}-{uuid.uuid4().hex}.parquet"
+        """Make ``data`` visible as one new file, atomically; ``check()`` runs just before.
+        On an object store an unreachable server raises the raw error, for :meth:`_retry`."""
+        if not self._local:
+            body = _parquet_bytes(data)
+            name = f"{prefix}-{_stamp()}-{_HOST}-{hashlib.sha256(body).hexdigest()[:32]}.parquet"
+            if check:
+                check()
+            return self._put_bytes(table, name, body)
+        directory, name = self._dir(table), f"{prefix}-{_stamp()}-{uuid.uuid4().hex}.parquet"
         try:
-            if self._local:
-                os.makedirs(directory, exist_ok=True)
-                tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}.inprogress")
-                try:
-                    with open(tmp, "xb") as f:
-                        pq.write_table(data, f)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    if check:
-                        check()
-                    os.replace(tmp, os.path.join(directory, name))
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.remove(tmp)
-                    raise
-                _fsync_dir(directory)  # the rename is durable before any source is deleted
-            else:
-                # No atomic rename on object stores, but one PUT of the whole file is atomic.
-                buf = pa.BufferOutputStream()
-                pq.write_table(data, buf)
+            os.makedirs(directory, exist_ok=True)
+            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}.inprogress")
+            try:
+                with open(tmp, "xb") as f:
+                    pq.write_table(data, f)
+                    f.flush()
+                    os.fsync(f.fileno())
                 if check:
                     check()
-                self.fs.create_dir(directory, recursive=True)
-                with self.fs.open_output_stream(f"{directory}/{name}") as out:
-                    out.write(buf.getvalue())
+                os.replace(tmp, os.path.join(directory, name))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                raise
+            _fsync_dir(directory)  # the rename is durable before any source is deleted
         except (OSError, pa.ArrowException) as e:
             raise StoreError(f"cannot write {self.table_path(table)}/{name}: {e}") from e
         return f"{self.table_path(table)}/{name}"
+
+    def _put_bytes(self, table: str, name: str, body: bytes) -> str:
+        """One object, written in one request (atomic on object stores: no temp key)."""
+        try:
+            self._mkdir(self._dir(table))
+            with self.fs.open_output_stream(f"{self._dir(table)}/{name}") as out:
+                out.write(body)
+        except (OSError, pa.ArrowException) as e:
+            raise _fail(e, f"cannot write {self.table_path(table)}/{name}") from e
+        return f"{self.table_path(table)}/{name}"
+
+    # -- object stores: retried writes and the local spool ---------------------------------
+
+    def _spool_dir(self, table: str) -> str:
+        key = hashlib.sha256(self._root.encode()).hexdigest()[:12]
+        label = re.sub(r"[^A-Za-z0-9._-]+", "_", self._root.split("://")[-1])[-60:]
+        return os.path.join(conductor_home(), "spool", f"{label}-{key}", table)
+
+    def _publish(self, batch: list[tuple[str, pa.Table]]) -> list[str]:
+        """One new ``part`` file per ``(table, data)``. On an object store each is sent with
+        retries; if any cannot be, every unsent one stays in the local spool under its final
+        name (a batch is kept whole), and the error says where."""
+        if self._local:
+            return [self._put(table, data, "part") for table, data in batch]
+        files, known = [], set()  # known: sent from the spool already, or held there
+        for table, data in batch:
+            body = _parquet_bytes(data)
+            digest, spool = hashlib.sha256(body).hexdigest()[:32], self._spool_dir(table)
+            held = [n for n in self._spooled(spool) if n.endswith(f"-{digest}.parquet")]
+            name = self._sent(spool, digest) or (held[0] if held else None)
+            if name:  # a retry of a batch an earlier write kept
+                known.add(len(files))
+            files.append((table, name or f"part-{_stamp()}-{_HOST}-{digest}.parquet", body))
+        sent: set[int] = set()
+        try:
+            self.flush()  # earlier batches first (held files of this batch among them)
+            for i, (table, name, body) in enumerate(files):
+                if i not in known:
+                    self._retry(f"write {table}", self._put_bytes, table, name, body)
+                    sent.add(i)
+        except StoreError as e:
+            for i, (table, name, body) in enumerate(files):
+                if i not in known | sent:
+                    self._hold(self._spool_dir(table), name, body)
+            spool = os.path.dirname(self._spool_dir("runs"))
+            pending = sum(len(self._spooled(os.path.join(spool, t))) for t in TABLES)
+            raise type(e)(
+                f"{e}; {pending} unsent file(s) kept in {spool}, sent by the next write or "
+                "compaction"
+            ) from e
+        return [f"{self.table_path(table)}/{name}" for table, name, _ in files]
+
+    @staticmethod
+    def _sent(spool: str, digest: str) -> str | None:
+        """The name under which the spool sent a file of these bytes recently, if it did."""
+        try:
+            with open(os.path.join(spool, f".sent-{digest}")) as f:
+                return f.read().strip() or None
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _spooled(spool: str) -> list[str]:
+        try:
+            names = os.listdir(spool)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if n.endswith(".parquet") and not n.startswith("."))
+
+    @staticmethod
+    def _hold(spool: str, name: str, body: bytes) -> None:
+        """Keep an unsent file in the spool, atomically (temp file, fsync, rename)."""
+        os.makedirs(spool, exist_ok=True)
+        tmp = os.path.join(spool, f".tmp-{uuid.uuid4().hex}")
+        with open(tmp, "xb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(spool, name))
+        _fsync_dir(spool)
+
+    def flush(self) -> int:
+        """Send the files that earlier writes from this home kept in the spool (the store was
+        unreachable); returns how many were sent. :meth:`write` and :meth:`compact` call it.
+
+        A spooled file keeps the name it was first sent under, so sending it again (two
+        processes flushing at once, or a write that reached the store before its error) puts
+        the same bytes under the same key: no row is ever counted twice.
+        """
+        if self._local:
+            return 0
+        sent = 0
+        for table in TABLES:
+            spool, before = self._spool_dir(table), sent
+            for name in self._spooled(spool):
+                try:
+                    with open(os.path.join(spool, name), "rb") as f:
+                        body = f.read()
+                except FileNotFoundError:  # another process of this home sent it
+                    continue
+                self._retry(f"write {table}", self._put_bytes, table, name, body)
+                digest = name.rsplit("-", 1)[-1].removesuffix(".parquet")
+                with open(os.path.join(spool, f".sent-{digest}"), "w") as f:
+                    f.write(name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(spool, name))
+                sent += 1
+            if sent > before:
+                self._forget_sent(spool)
+        return sent
+
+    @staticmethod
+    def _forget_sent(spool: str) -> None:
+        old = time.time() - _SENT_KEEP_S
+        for entry in os.scandir(spool):
+            if entry.name.startswith(".sent-"):
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.stat().st_mtime < old:
+                        os.remove(entry.path)
 
     def _files(self, table: str) -> list[pafs.FileInfo]:
         """Every file in the table's folder, hidden ones included; [] if it does not exist."""
@@ -250,7 +512,7 @@ class ArtifactStore:
                 # under us): list again.
                 time.sleep(min(0.001 * 2**attempt, 0.05))
             except (OSError, pa.ArrowException) as e:
-                raise StoreError(f"cannot list {self.table_path(table)}: {e}") from e
+                raise _fail(e, f"cannot list {self.table_path(table)}") from e
         raise StoreError(f"cannot list {self.table_path(table)}: files kept vanishing under it")
 
     def _list(self, table: str) -> list[str]:
@@ -271,7 +533,20 @@ class ArtifactStore:
         return self._replaces_cache[key]
 
     def _live(self, table: str, names: list[str]) -> list[str]:
-        replaced = frozenset().union(*(self._replaces(table, n) for n in names))
+        covers = {n: self._replaces(table, n) for n in names if n.startswith("compact-")}
+        replaced = set().union(*covers.values())
+        # Two compactions that raced past the lock (object stores have no exclusive create):
+        # one whose sources the other's include is redundant (equal sources: the first name
+        # wins), and the next compaction deletes it.
+        replaced.update(
+            n
+            for n, mine in covers.items()
+            if mine
+            and any(
+                m != n and (mine < theirs or (mine == theirs and m < n))
+                for m, theirs in covers.items()
+            )
+        )
         return [n for n in names if n not in replaced]
 
     def _load(self, table: str, names: list[str], columns: Any, expr: Any) -> pa.Table:
@@ -294,6 +569,9 @@ class ArtifactStore:
         self, table: str, columns: Any = None, filter: Filter = None
     ) -> tuple[pa.Table, list[str]]:
         expr = pq.filters_to_expression(filter) if isinstance(filter, list) else filter
+        return self._retry(f"read {table}", self._view, table, columns, expr)
+
+    def _view(self, table: str, columns: Any, expr: Any) -> tuple[pa.Table, list[str]]:
         last: Exception | None = None
         for attempt in range(_READ_ATTEMPTS):
             try:
@@ -305,7 +583,7 @@ class ArtifactStore:
             except FileNotFoundError as e:  # a compaction deleted a file under us: re-list
                 last = e
             except (OSError, pa.ArrowException) as e:
-                raise StoreError(f"cannot read {self.table_path(table)}: {e}") from e
+                raise _fail(e, f"cannot read {self.table_path(table)}") from e
             time.sleep(min(0.001 * 2**attempt, 0.05))
         raise StoreError(
             f"no consistent view of {self.table_path(table)} after {_READ_ATTEMPTS} attempts "
@@ -352,17 +630,20 @@ class ArtifactStore:
         """Merge each table's live files into one when there are at least ``min_files``."""
         if min_files < 1:
             raise StoreError(f"min_files must be at least 1, got {min_files}")
+        self.flush()
         before, after, rows, busy = {}, {}, {}, []
         for t in TABLES if table is None else (table,):
             lock = f"{self._dir(t)}/{_LOCK}"
-            token = self._acquire(lock)
+            token = self._retry(f"lock {t} to compact it", self._acquire, lock)
             if token is None:
                 busy.append(t)
                 continue
             try:
-                before[t], after[t], rows[t] = self._compact_table(t, min_files, lock, token)
+                before[t], after[t], rows[t] = self._retry(
+                    f"compact {t}", self._compact_table, t, min_files, lock, token
+                )
             finally:
-                self._release(lock, token)
+                self._retry(f"unlock {t}", self._release, lock, token)
         return CompactResult(before, after, rows, tuple(busy))
 
     def _compact_table(self, table: str, min_files: int, lock: str, token: str) -> tuple[int, ...]:
@@ -381,7 +662,7 @@ class ArtifactStore:
         try:
             data = self._load(table, live, None, None).sort_by(_SORT[table])
         except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"cannot read {self.table_path(table)} to compact it: {e}") from e
+            raise _fail(e, f"cannot read {self.table_path(table)} to compact it") from e
         data = data.replace_schema_metadata({_REPLACES: json.dumps(live).encode()})
 
         def still_ours() -> None:
@@ -408,11 +689,15 @@ class ArtifactStore:
         """Take a table's compaction lock; None while a live compaction holds it.
 
         Locally ``O_CREAT | O_EXCL`` makes this exclusive. Object stores have no exclusive
-        create, so there it is best effort (two compactors racing here may both proceed).
+        create: there the lock is written, then read back a moment later (the last PUT wins, so
+        of two racers at most one sees its own token), and a compactor checks it again just
+        before publishing. Two compactors can then both proceed only if one stalls for longer
+        than a whole compaction between its check and its PUT; :meth:`_live` makes even that
+        harmless to readers.
         """
         token = uuid.uuid4().hex
         try:
-            self.fs.create_dir(lock.rsplit("/", 1)[0], recursive=True)
+            self._mkdir(lock.rsplit("/", 1)[0])
             info = self.fs.get_file_info(lock)
             if info.type != pafs.FileType.NotFound:
                 if info.mtime is None or time.time() - info.mtime.timestamp() < _STALE_LOCK_S:
@@ -421,12 +706,13 @@ class ArtifactStore:
             if not self._local:
                 with self.fs.open_output_stream(lock) as out:
                     out.write(token.encode())
-                return token
+                time.sleep(_LOCK_SETTLE_S)
+                return token if self._token(lock) == token else None
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:  # another compactor won the race
             return None
         except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"cannot take compaction lock {lock}: {e}") from e
+            raise _fail(e, f"cannot take compaction lock {lock}") from e
         with os.fdopen(fd, "w") as f:
             f.write(token)
         return token
