@@ -26,10 +26,10 @@ def train_conductor_cmd(
     dataset: Annotated[
         str, typer.Option(help="Training questions: arithmetic, mixed, or a JSONL/Parquet/CSV file")
     ] = "arithmetic",
-    max_steps: Annotated[int, typer.Option(help="GRPO steps.")] = 24,
+    max_steps: Annotated[int, typer.Option(help="GRPO steps (0: no GRPO stage).")] = 24,
     num_generations: Annotated[int, typer.Option(help="Rollouts per question (G).")] = 4,
     batch_size: Annotated[int, typer.Option(help="Rollouts per GRPO step.")] = 4,
-    max_completion_length: Annotated[int, typer.Option(help="Plan tokens at most.")] = 128,
+    max_completion_length: Annotated[int, typer.Option(help="Plan tokens at most.")] = 192,
     learning_rate: Annotated[float, typer.Option(help="GRPO learning rate.")] = 5e-5,
     loss_type: Annotated[str, typer.Option(help="TRL loss_type.")] = "grpo",
     base: Annotated[
@@ -47,7 +47,27 @@ def train_conductor_cmd(
             "--init-adapter as it is).",
         ),
     ] = True,
-    warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 1.5,
+    warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 2.0,
+    warm_start_examples: Annotated[
+        int, typer.Option(help="Warm-start plans at most (balanced over workers).")
+    ] = 160,
+    self_sample_rounds: Annotated[
+        int,
+        typer.Option(
+            help="Rounds of verified self-sampling after the warm start (the conductor's own "
+            "verified-correct plans join the SFT data; 0: none)."
+        ),
+    ] = 1,
+    self_sample_questions: Annotated[
+        int, typer.Option(help="Fresh training questions per self-sampling round.")
+    ] = 100,
+    self_sample_k: Annotated[int, typer.Option(help="Plans sampled per question.")] = 4,
+    eval_stages: Annotated[
+        bool,
+        typer.Option(
+            "--eval-stages", help="Evaluate every intermediate conductor on the held-out split."
+        ),
+    ] = False,
     collect_limit: Annotated[
         int,
         typer.Option(
@@ -93,6 +113,11 @@ def train_conductor_cmd(
         init_adapter=init_adapter,
         warm_start=warm_start,
         warm_start_epochs=warm_start_epochs,
+        warm_start_examples=warm_start_examples,
+        self_sample_rounds=self_sample_rounds,
+        self_sample_questions=self_sample_questions,
+        self_sample_k=self_sample_k,
+        eval_stages=eval_stages,
         collect_limit=collect_limit,
         max_steps=max_steps,
         num_generations=num_generations,

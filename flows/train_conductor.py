@@ -7,12 +7,19 @@ experiment ``train/conductor``:
 2. optionally a warm start (SFT) on verified-correct runs of the artifact store; on a store
    with none, each single worker first answers ``collect_limit`` training questions (one
    eval each), so ``train-conductor`` on an empty store collects the runs it needs itself;
-3. GRPO: the policy samples ``num_generations`` plans per question, every plan runs as an
-   ``orchestrate`` subflow (a step's rollouts concurrently), is verified and stored in the
-   ``runs``/``steps`` tables tagged with the training run and step, and its reward (0 / 0.5
-   / 1) drives the update;
-4. evaluate the trained adapter on the same held-out questions;
-5. register it as model ``conductor`` (alias ``candidate``), promoted to ``champion`` only
+   the plans are drawn balanced over the workers they use;
+3. rounds of verified self-sampling (``self_sample_rounds``, issue #18): the warm-started
+   conductor samples ``self_sample_k`` plans at ``temperature`` for each of
+   ``self_sample_questions`` fresh training questions, every plan runs and is verified like
+   any run, and the SFT is redone from the base on the store's verified-correct plans, so a
+   plan the conductor found itself (a word problem it turned into an expression) becomes a
+   target; with ``eval_stages`` each stage's conductor is evaluated on the held-out split;
+4. GRPO (skipped when ``max_steps`` is 0): the policy samples ``num_generations`` plans
+   per question, every plan runs as an ``orchestrate`` subflow (a step's rollouts
+   concurrently), is verified and stored in the ``runs``/``steps`` tables tagged with the
+   training run and step, and its reward (0 / 0.5 / 1) drives the update;
+5. evaluate the trained adapter on the same held-out questions;
+6. register it as model ``conductor`` (alias ``candidate``), promoted to ``champion`` only
    if it beats the *incumbent* on those questions: the champion of the registry, or, while
    the registry has none, the pool's own conductor (the embedded adapter for the local pool),
    which is what ``conductor run`` would keep using. A worse first candidate never becomes
@@ -40,7 +47,7 @@ from conductor.errors import ConductorError
 from conductor.home import conductor_home
 from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
 from conductor.pool import Pool, load_pool
-from conductor.training.config import TrainConductorRequest, TrainConductorResult
+from conductor.training.config import StageScore, TrainConductorRequest, TrainConductorResult
 from conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
 from conductor.training.warm_start import warm_start_examples
 from flows.best_of_n import run_question
@@ -72,40 +79,90 @@ def _outcome(result: object) -> RolloutOutcome | None:
     )
 
 
+def _run_all(requests: list[OrchestrateRequest], concurrency: int) -> list[object]:
+    """Every request as a ``run_question`` task, at most ``concurrency`` at once; the
+    results (a RunResult, or what the failed task left) in request order."""
+    gate = threading.Semaphore(concurrency)
+    futures = []
+    for req in requests:
+        gate.acquire()
+        future = run_question.submit(req)
+        future.add_done_callback(lambda _f: gate.release())
+        futures.append(future)
+    return [f.result(raise_on_failure=False) for f in futures]
+
+
 def rollout_executor(request: TrainConductorRequest, source: str, run_id: str):
     """Runs a batch of rollouts as ``orchestrate`` subflows, at most N at once."""
-    gate = threading.Semaphore(request.rollout_concurrency)
 
     def execute(rollouts: list[Rollout], step: int) -> list[RolloutOutcome | None]:
-        futures = []
-        for i, r in enumerate(rollouts):
-            gate.acquire()
-            future = run_question.submit(
-                OrchestrateRequest(
-                    question=r.question,
-                    pool=request.pool,
-                    question_id=r.question_id,
-                    reference=r.reference,
-                    kind=r.kind,  # type: ignore[arg-type]
-                    meta=r.meta,
-                    plan_text=r.plan_text,
-                    plan_source=source,
-                    on_invalid_plan="error",  # an invalid plan scores 0; nothing runs
-                    tags={
-                        "train_run": run_id,
-                        "train_step": str(step),
-                        "rollout": str(i),
-                        "dataset": request.dataset,
-                        "split": request.split,
-                        "strategy": "grpo-rollout",
-                    },
-                )
+        requests = [
+            OrchestrateRequest(
+                question=r.question,
+                pool=request.pool,
+                question_id=r.question_id,
+                reference=r.reference,
+                kind=r.kind,  # type: ignore[arg-type]
+                meta=r.meta,
+                plan_text=r.plan_text,
+                plan_source=source,
+                on_invalid_plan="error",  # an invalid plan scores 0; nothing runs
+                tags={
+                    "train_run": run_id,
+                    "train_step": str(step),
+                    "rollout": str(i),
+                    "dataset": request.dataset,
+                    "split": request.split,
+                    "strategy": "grpo-rollout",
+                },
             )
-            future.add_done_callback(lambda _f: gate.release())
-            futures.append(future)
-        return [_outcome(f.result(raise_on_failure=False)) for f in futures]
+            for i, r in enumerate(rollouts)
+        ]
+        return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency)]
 
     return execute
+
+
+def self_sample(
+    request: TrainConductorRequest, questions: list, adapter: Path, round_: int, run_id: str
+) -> list[RolloutOutcome | None]:
+    """One round of verified self-sampling: the conductor ``adapter`` writes
+    ``self_sample_k`` plans per question at ``temperature`` (seeds ``seed .. seed + k - 1``),
+    each runs through ``orchestrate`` and is verified and stored like any run (tagged
+    ``self_sample_round``). Its verified-correct plans are warm-start data for the next
+    round; the reference only verifies, it never becomes a target."""
+    requests = [
+        OrchestrateRequest(
+            question=ex.question,
+            pool=request.pool,
+            question_id=ex.id,
+            reference=ex.reference,
+            kind=ex.kind,
+            meta=ex.meta,
+            conductor=str(adapter),
+            conductor_temperature=request.temperature,
+            seed=request.seed + k,
+            on_invalid_plan="error",
+            tags={
+                "train_run": run_id,
+                "self_sample_round": str(round_),
+                "sample": str(k),
+                "dataset": request.dataset,
+                "split": request.split,
+            },
+        )
+        for ex in questions
+        for k in range(request.self_sample_k)
+    ]
+    return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency)]
+
+
+def _round_questions(request: TrainConductorRequest, train: list, round_: int) -> list:
+    """Fresh training questions for self-sampling round ``round_`` (1-based): those after
+    the ones the collection used, cycling through the split."""
+    n = len(train)
+    start = request.collect_limit + (round_ - 1) * request.self_sample_questions
+    return [train[(start + i) % n] for i in range(min(request.self_sample_questions, n))]
 
 
 def _eval(request: TrainConductorRequest, conductor: str | None, name: str, parent: str):
@@ -199,6 +256,22 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         before_conductor = request.init_adapter or f"pool conductor ({pool.conductor.model})"
         init = resolve_conductor(request.init_adapter).path if request.init_adapter else None
         n_warm = None
+        stages: list[StageScore] = []
+
+        def stage_score(name: str, adapter: Path, **counts: int | None) -> None:
+            if request.eval_stages:
+                scored = _eval(request, str(adapter), f"stage {name}", run_id)
+                stages.append(
+                    StageScore(
+                        stage=name,
+                        accuracy=scored.accuracy,
+                        format_valid=scored.format_valid_rate,
+                        **counts,
+                    )
+                )
+            else:
+                stages.append(StageScore(stage=name, **counts))
+
         if request.warm_start:
             examples = _warm_start_data(request, pool, heldout)
             if not examples and request.collect_limit:
@@ -213,15 +286,36 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
                 )
             log.info("warm start on %d verified-correct plans", n_warm)
             init = warm_start_train(request, examples, output_dir, run_id)
-        source = f"grpo:{run_id}"
-        reward = ExecutedPlanReward(rollout_executor(request, source, run_id))
-        grpo = grpo_train(request, pool, train, init, reward, output_dir, run_id)
-        after = _eval(request, str(grpo.adapter_dir), "after", run_id)
+            stage_score("warm-start", init, examples=n_warm)
+            for round_ in range(1, request.self_sample_rounds + 1):
+                outcomes = self_sample(
+                    request, _round_questions(request, train, round_), init, round_, run_id
+                )
+                right = sum(bool(o and o.correct) for o in outcomes)
+                log.info(
+                    "self-sampling round %d: %d of %d plans right", round_, right, len(outcomes)
+                )
+                examples = _warm_start_data(request, pool, heldout)
+                n_warm = len(examples)
+                init = warm_start_train(
+                    request, examples, output_dir, run_id, stage=f"round-{round_}"
+                )
+                stage_score(f"round-{round_}", init, examples=n_warm, rollouts=len(outcomes))
+        if request.max_steps:
+            source = f"grpo:{run_id}"
+            reward = ExecutedPlanReward(rollout_executor(request, source, run_id))
+            grpo = grpo_train(request, pool, train, init, reward, output_dir, run_id)
+            final = grpo.adapter_dir
+        elif init is not None:
+            grpo, final = None, init
+        else:
+            raise ConductorError("nothing to train: max_steps is 0 and there is no warm start")
+        after = _eval(request, str(final), "after", run_id)
         incumbent_acc = (
             _incumbent_accuracy(request, signature, before, run_id) if request.promote else None
         )
         registration = register_conductor(
-            run_id, grpo.adapter_dir, after.accuracy, signature, request.promote, incumbent_acc
+            run_id, final, after.accuracy, signature, request.promote, incumbent_acc
         )
         status = "FINISHED"
     finally:
@@ -230,18 +324,25 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
             finish_training_run(run_id, {"wall_s": wall}, status)
     metrics = {
         "wall_s": wall,
-        "grpo_steps": grpo.steps,
-        "rollouts": grpo.rollouts,
-        "rollouts_per_s": grpo.rollouts / grpo.wall_s if grpo.wall_s else None,
-        "steps_per_s": grpo.steps / grpo.wall_s if grpo.wall_s else None,
-        "reward_first": grpo.rewards[0] if grpo.rewards else None,
-        "reward_last": grpo.rewards[-1] if grpo.rewards else None,
+        "grpo_steps": grpo.steps if grpo else 0,
+        "rollouts": grpo.rollouts if grpo else 0,
+        "self_sample_rollouts": sum(st.rollouts or 0 for st in stages),
+        "rollouts_per_s": grpo.rollouts / grpo.wall_s if grpo and grpo.wall_s else None,
+        "steps_per_s": grpo.steps / grpo.wall_s if grpo and grpo.wall_s else None,
+        "reward_first": grpo.rewards[0] if grpo and grpo.rewards else None,
+        "reward_last": grpo.rewards[-1] if grpo and grpo.rewards else None,
         "accuracy_before": before.accuracy if before else None,
         "accuracy_after": after.accuracy,
         "format_valid_before": before.format_valid_rate if before else None,
         "format_valid_after": after.format_valid_rate,
         "warm_start_examples": n_warm,
         "promoted": float(registration.promoted),
+        **{
+            f"stage_{s.stage}_{k}": getattr(s, k)
+            for s in stages
+            for k in ("accuracy", "format_valid")
+            if getattr(s, k) is not None
+        },
     }
     finish_training_run(run_id, metrics, "FINISHED")
     log.info(
@@ -255,7 +356,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
     )
     return TrainConductorResult(
         run_id=run_id,
-        steps=grpo.steps,
+        steps=grpo.steps if grpo else 0,
         wall_s=round(wall, 1),
         warm_start_examples=n_warm,
         reward_first=metrics["reward_first"],
@@ -265,12 +366,13 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         accuracy_before=metrics["accuracy_before"],
         accuracy_after=after.accuracy,
         adapter_uri=f"models:/conductor/{registration.version}",
-        adapter_dir=str(grpo.adapter_dir),
+        adapter_dir=str(final),
         model_version=registration.version,
         promoted=registration.promoted,
         incumbent_accuracy=registration.champion_accuracy,
         before_conductor=before_conductor if before else None,
         started_from=_started_from(request, n_warm),
+        stages=stages,
     )
 
 

@@ -122,14 +122,17 @@ def _save_adapter(model: Any, directory: Path, request: TrainConductorRequest, *
     write_adapter_meta(directory, request.base, request.prompt, provenance=prov)
 
 
-@task(cache_policy=NO_CACHE, name="warm-start", task_run_name="warm start · SFT")
+@task(cache_policy=NO_CACHE, name="warm-start", task_run_name="{stage} · SFT")
 def warm_start_train(
     request: TrainConductorRequest,
     examples: list[dict[str, Any]],
     output_dir: Path,
     parent_run_id: str,
+    stage: str = "warm-start",
 ) -> Path:
-    """TRL ``SFTTrainer`` + LoRA on verified-correct plans; returns the adapter directory."""
+    """TRL ``SFTTrainer`` + a new LoRA on verified-correct plans; returns the adapter
+    directory ``output_dir/stage``. Every round starts from the base model, so a round's
+    adapter depends only on the plans it was given (expert iteration, not drift)."""
     from datasets import Dataset
     from trl import SFTTrainer
 
@@ -139,28 +142,29 @@ def warm_start_train(
     rows = [{"prompt": e["prompt"], "completion": e["completion"]} for e in examples]
     trainer = SFTTrainer(
         model=model,
-        args=sft_config(request, output_dir / "sft", len(rows)),
+        args=sft_config(request, output_dir / "sft", len(rows), stage),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=lora_config(request),
     )
     started = time.perf_counter()
-    with _stage_run(mlflow, "warm-start", parent_run_id):
+    with _stage_run(mlflow, stage, parent_run_id):
         mlflow.log_param("warm_start_examples", len(rows))
         result = trainer.train()
         mlflow.log_metric("stage_wall_s", time.perf_counter() - started)
-    target = output_dir / "warm-start"
+    target = output_dir / stage
     _save_adapter(
         trainer.model,
         target,
         request,
-        stage="warm-start",
+        stage=stage,
         examples=len(rows),
         steps=result.global_step,
         mlflow_run=parent_run_id,
     )
     get_run_logger().info(
-        "warm start: %d examples, %d steps, loss %.3f -> %s",
+        "%s: %d examples, %d steps, loss %.3f -> %s",
+        stage,
         len(rows),
         result.global_step,
         result.training_loss,

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 __all__ = [
     "LORA_TARGETS",
     "TrainConductorRequest",
+    "StageScore",
     "TrainConductorResult",
     "grpo_config",
     "load_trainable_base",
@@ -67,7 +68,10 @@ class TrainConductorRequest(BaseModel):
     )
     warm_start: bool = Field(default=True, description="SFT on verified-correct runs first.")
     warm_start_examples: int = Field(
-        default=64, ge=1, description="At most this many verified-correct plans (seeded draw)."
+        default=160,
+        ge=1,
+        description="At most this many verified-correct plans (a seeded draw, balanced over "
+        "the workers the plans use).",
     )
     collect_limit: int = Field(
         default=100,
@@ -75,15 +79,35 @@ class TrainConductorRequest(BaseModel):
         description="When the store holds no verified-correct run for the warm start: first "
         "run each single worker on this many training questions (0: never collect).",
     )
-    warm_start_epochs: float = Field(default=1.5, gt=0, description="SFT epochs.")
+    warm_start_epochs: float = Field(default=2.0, gt=0, description="SFT epochs.")
     warm_start_lr: float = Field(default=1e-3, gt=0, description="SFT learning rate.")
     warm_start_batch_size: int = Field(default=4, ge=1, description="SFT examples per step.")
-    max_steps: int = Field(default=24, ge=1, description="GRPO steps.")
+    self_sample_rounds: int = Field(
+        default=1,
+        ge=0,
+        description="Rounds of verified self-sampling after the warm start: the conductor "
+        "samples plans at `temperature` on fresh training questions, every plan runs and is "
+        "verified, and the SFT is redone on the store's verified-correct plans.",
+    )
+    self_sample_questions: int = Field(
+        default=100, ge=1, description="Training questions per self-sampling round."
+    )
+    self_sample_k: int = Field(default=4, ge=1, le=16, description="Plans sampled per question.")
+    eval_stages: bool = Field(
+        default=False,
+        description="Also evaluate every intermediate conductor (warm start, each round) on "
+        "the held-out questions, to see which stage mattered.",
+    )
+    max_steps: int = Field(default=24, ge=0, description="GRPO steps (0: no GRPO stage).")
     num_generations: int = Field(default=4, ge=2, description="Rollouts per question (G).")
     batch_size: int = Field(
         default=4, ge=2, description="Rollouts per step (a multiple of num_generations)."
     )
-    max_completion_length: int = Field(default=128, ge=16, description="Plan tokens at most.")
+    max_completion_length: int = Field(
+        default=192,
+        ge=16,
+        description="Plan tokens at most (a program copied into a subtask needs ~120).",
+    )
     learning_rate: float = Field(default=5e-5, gt=0, description="GRPO learning rate.")
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (paper).")
     beta: float = Field(default=0.0, ge=0, description="KL coefficient (paper: 0).")
@@ -118,6 +142,18 @@ class TrainConductorRequest(BaseModel):
         return v
 
 
+class StageScore(BaseModel):
+    """One stage's conductor on the held-out questions."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: str
+    examples: int | None = Field(default=None, description="SFT examples of this stage.")
+    rollouts: int | None = Field(default=None, description="Plans executed by this stage.")
+    accuracy: float | None = None
+    format_valid: float | None = None
+
+
 class TrainConductorResult(BaseModel):
     """What ``conductor train-conductor --json`` prints."""
 
@@ -146,6 +182,10 @@ class TrainConductorResult(BaseModel):
         default=None, description="What the 'before' accuracy measured."
     )
     started_from: str | None = Field(default=None, description="What training started from.")
+    stages: list[StageScore] = Field(
+        default_factory=list,
+        description="Each stage's conductor on the held-out questions (with eval_stages).",
+    )
 
 
 def on_gpu() -> bool:
@@ -184,12 +224,14 @@ def _common(request: TrainConductorRequest, output_dir: Path, run_name: str) -> 
     }
 
 
-def sft_config(request: TrainConductorRequest, output_dir: Path, examples: int) -> Any:
+def sft_config(
+    request: TrainConductorRequest, output_dir: Path, examples: int, stage: str = "warm-start"
+) -> Any:
     from trl import SFTConfig
 
     batch = min(request.warm_start_batch_size, max(1, examples))
     return SFTConfig(
-        **_common(request, output_dir, "warm-start"),
+        **_common(request, output_dir, stage),
         num_train_epochs=request.warm_start_epochs,
         per_device_train_batch_size=batch,
         learning_rate=request.warm_start_lr,

@@ -87,6 +87,7 @@ def _request(data, pool, tiny_base, **kw) -> TrainConductorRequest:
         learning_rate=1e-2,
         warm_start_epochs=1,
         warm_start=False,
+        self_sample_rounds=0,
     )
     return TrainConductorRequest(**{**defaults, **kw})
 
@@ -267,6 +268,50 @@ def test_train_conductor_on_an_empty_store_collects_the_runs_it_needs(setup, tin
     assert result.started_from == f"{tiny_base} + a new LoRA, warm-started on 1 plans"
 
 
+def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(setup, tiny_base):
+    """Warm start, one round of self-sampling, no GRPO: the round's plans are sampled by the
+    warm-started adapter, run, verified and stored (tagged), a second SFT follows, and with
+    eval_stages every stage's conductor is evaluated on the held-out questions."""
+    from flows.train_conductor import train_conductor
+
+    data, pool, _ = setup
+    evaluate_oracle = EvalRequest(
+        dataset=str(data), split="train", strategy="single:oracle", pool=str(pool)
+    )
+    from flows.evaluate import evaluate
+
+    evaluate(evaluate_oracle)
+    result = train_conductor(
+        _request(
+            data,
+            pool,
+            tiny_base,
+            warm_start=True,
+            max_steps=0,
+            self_sample_rounds=1,
+            self_sample_questions=2,
+            self_sample_k=2,
+            eval_stages=True,
+            eval_before=False,
+        )
+    )
+    assert result.steps == 0
+    assert [s.stage for s in result.stages] == ["warm-start", "round-1"]
+    assert all(s.accuracy is not None and s.format_valid is not None for s in result.stages)
+    assert result.stages[1].rollouts == 4  # 2 questions x 2 samples
+    runs = ArtifactStore().read_pandas("runs")
+    sampled = [r for r in runs.itertuples() if dict(r.tags).get("self_sample_round") == "1"]
+    assert len(sampled) == 4
+    assert sorted(dict(r.tags)["sample"] for r in sampled) == ["0", "0", "1", "1"]
+    # Sampled by the warm-started adapter, not by the pool's conductor.
+    assert {r.conductor_model for r in sampled} == {
+        f"local/{Path(result.adapter_dir).parent}/warm-start"
+    }
+    # The registered adapter is the last SFT round's.
+    assert Path(result.adapter_dir).name == "round-1"
+    assert (Path(result.adapter_dir) / "adapter_model.safetensors").exists()
+
+
 def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base, tmp_path):
     """One base in memory: the adapter applies for the conductor, not for base workers."""
     from peft import LoraConfig, get_peft_model
@@ -358,6 +403,7 @@ def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
         "run_id", "steps", "wall_s", "warm_start_examples", "reward_first", "reward_last",
         "format_valid_before", "format_valid_after", "accuracy_before", "accuracy_after",
         "adapter_uri", "promoted", "incumbent_accuracy", "before_conductor", "started_from",
+        "stages",
     }  # fmt: skip
     assert result["steps"] == 1 and result["accuracy_before"] is None
     # --no-eval-before: the incumbent (the pool's conductor, no champion yet) is measured

@@ -177,6 +177,45 @@ def test_warm_start_limit_draws_a_seeded_subset():
     assert len(a) == 4 and a == warm_start_examples(frames, POOL, limit=4, seed=1)
 
 
+def _plan(*steps: tuple[str, str]) -> str:
+    return json.dumps(
+        {
+            "model_id": [w for w, _ in steps],
+            "subtasks": [t for _, t in steps],
+            "access_list": [[] if i == 0 else [i - 1] for i in range(len(steps))],
+        }
+    )
+
+
+def test_warm_start_draw_is_balanced_over_the_workers_plans_use():
+    # 12 calculator plans and 3 smol plans: a draw of 6 keeps all 3 smol plans (a
+    # proportional draw would keep about 1).
+    frames = pd.concat(
+        [_runs(question=f"What is {i} + 1?") for i in range(12)]
+        + [
+            _runs(question=f"Capital {i}?", workflow_json=_plan(("smol", f"Capital {i}?")))
+            for i in range(3)
+        ],
+        ignore_index=True,
+    )
+    for seed in range(5):
+        rows = warm_start_examples(frames, POOL, limit=6, seed=seed)
+        workers = [parse_plan(r["completion"][0]["content"], POOL).steps[0].worker for r in rows]
+        assert sorted(workers) == ["calculator"] * 3 + ["smol"] * 3
+
+
+def test_warm_start_keeps_the_shortest_verified_plan_of_a_question():
+    chain = _plan(("smol", "Work out 17 + 25 step by step."), ("calculator", "17 + 25"))
+    frames = pd.concat(
+        [_runs(workflow_json=chain), _runs(workflow_json=_plan(("calculator", "17 + 25")))],
+        ignore_index=True,
+    )
+    (row,) = warm_start_examples(frames, POOL)
+    assert len(parse_plan(row["completion"][0]["content"], POOL).steps) == 1
+    two = warm_start_examples(frames, POOL, per_question=2)
+    assert [len(parse_plan(r["completion"][0]["content"], POOL).steps) for r in two] == [1, 2]
+
+
 def test_adapter_references(tmp_path):
     with pytest.raises(AdapterError, match="not a LoRA adapter directory"):
         read_adapter(tmp_path)
