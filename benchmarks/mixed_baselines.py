@@ -36,58 +36,84 @@ from conductor.data.datasets import MIXED_DOMAINS, load_dataset  # noqa: E402
 WORKERS = ("calculator", "python", "smol")
 
 
-def run_eval(worker: str, limit: int, concurrency: int, seed: int) -> dict[str, Any]:
-    """One ``conductor eval`` in a subprocess; its ``--json`` summary."""
+def run_eval(
+    worker: str,
+    limit: int,
+    concurrency: int,
+    seed: int,
+    *,
+    dataset: str = "mixed",
+    strategy: str | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One ``conductor eval`` in a subprocess (``single:worker`` unless ``strategy``); its
+    ``--json`` summary."""
+    strategy = strategy or f"single:{worker}"
     cmd = [
         str(Path(sys.executable).with_name("conductor")),  # the CLI of this environment
         "eval",
         "--dataset",
-        "mixed",
+        dataset,
         "--split",
         "test",
         "--limit",
         str(limit),
         "--strategy",
-        f"single:{worker}",
+        strategy,
         "--concurrency",
         str(concurrency),
         "--seed",
         str(seed),
+        *extra,
         "--json",
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"eval single:{worker} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"eval {strategy} on {dataset} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+        )
     return json.loads(done.stdout)
+
+
+def eval_rows(summary: dict[str, Any], columns: tuple[str, ...] = ("correct",)) -> dict[str, dict]:
+    """``question_id -> {column: value}`` for one eval's runs, from the runs table."""
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(Path(summary["artifacts"]) / "runs", format="parquet").to_table(
+        columns=["question_id", "tags", *columns]
+    )
+    out: dict[str, dict] = {}
+    for row in table.to_pylist():
+        if dict(row["tags"] or []).get("eval_id") == summary["eval_id"]:
+            out[row["question_id"]] = row
+    return out
 
 
 def per_question(summary: dict[str, Any]) -> dict[str, bool]:
     """``question_id -> correct`` for one eval, from the runs table."""
-    import pyarrow.dataset as pads
-
-    table = pads.dataset(Path(summary["artifacts"]) / "runs", format="parquet").to_table(
-        columns=["question_id", "correct", "tags"]
-    )
-    out: dict[str, bool] = {}
-    for row in table.to_pylist():
-        if dict(row["tags"] or []).get("eval_id") == summary["eval_id"]:
-            out[row["question_id"]] = bool(row["correct"])
-    return out
+    return {q: bool(r["correct"]) for q, r in eval_rows(summary).items()}
 
 
-def tabulate(verdicts: dict[str, dict[str, bool]], domains: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per strategy (the workers, then the oracle): accuracy per domain and overall."""
+def tabulate(
+    verdicts: dict[str, dict[str, bool]],
+    domains: dict[str, str],
+    order: tuple[str, ...] = MIXED_DOMAINS,
+    extra: dict[str, dict[str, bool]] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per strategy (the workers, the oracle router, then ``extra``): accuracy per
+    domain (in ``order``) and overall."""
     strategies = {f"single:{w}": v for w, v in verdicts.items()}
     strategies["oracle router"] = {
         q: any(v.get(q, False) for v in verdicts.values()) for q in domains
     }
+    strategies.update(extra or {})
     rows = []
     for name, got in strategies.items():
         row: dict[str, Any] = {"strategy": name}
         by_domain: dict[str, list[bool]] = defaultdict(list)
         for qid, domain in domains.items():
             by_domain[domain].append(got.get(qid, False))
-        for domain in MIXED_DOMAINS:
+        for domain in order:
             hits = by_domain[domain]
             row[domain] = sum(hits) / len(hits) if hits else None
         row["all"] = sum(got.get(q, False) for q in domains) / len(domains)
@@ -96,8 +122,8 @@ def tabulate(verdicts: dict[str, dict[str, bool]], domains: dict[str, str]) -> l
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    cols = ["strategy", *MIXED_DOMAINS, "all", "n"]
+def table(rows: list[dict[str, Any]], cols: list[str] | None = None) -> str:
+    cols = cols or ["strategy", *MIXED_DOMAINS, "all", "n"]
 
     def cell(key: str, value: Any) -> str:
         if value is None:
