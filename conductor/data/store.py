@@ -181,8 +181,8 @@ def s3_filesystem(bucket: str) -> tuple[pafs.S3FileSystem, str | None]:
         "allow_delayed_open": True,  # a file under the part size is one PutObject, not three calls
         "connect_timeout": 3.0,
         "request_timeout": 30.0,
-        # A short inner retry; ArtifactStore's own loop backs off for longer and says what is down.
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+        # No inner retries: ArtifactStore's own loop backs off, and says what is down.
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1),
     }
     if env("AWS_ACCESS_KEY_ID") and env("AWS_SECRET_ACCESS_KEY"):
         kw.update(
@@ -271,13 +271,14 @@ class ArtifactStore:
             except (OSError, pa.ArrowException) as e:
                 if not _transient(e):
                     raise StoreError(f"cannot {what} in {self._root}: {e}") from e
-                if time.monotonic() + delay > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     at = self._endpoint or ("AWS S3" if self._root.startswith("s3://") else "")
                     raise StoreUnavailableError(
                         f"artifact store {self._root} unreachable{f' at {at}' if at else ''} "
                         f"({what}; retried {self._retry_s:g} s): {_reason(e)}"
                     ) from e
-            time.sleep(delay)
+            time.sleep(min(delay, remaining))  # the last try is at the deadline
             delay = min(delay * 2, 5.0)
 
     def table_path(self, table: TableName) -> str:
