@@ -2,11 +2,12 @@
 one root (``pairs`` holds OrchRM's preference pairs, built from the other two).
 
 The root is a local path (default :func:`conductor.home.artifacts_location`), an
-``s3://bucket/prefix`` URL (any S3 API: AWS, MinIO, Ceph, moto; endpoint and credentials from the
-standard ``AWS_*`` settings, see :func:`s3_filesystem`) or any other URL that ``pyarrow.fs`` can
-write. Each :meth:`ArtifactStore.write` adds at most one immutable ``part-…parquet`` per table
-(:meth:`ArtifactStore.write_pairs` one in ``pairs``), so plain ``pandas.read_parquet``,
-``pyarrow.dataset`` and DuckDB ``read_parquet('<root>/steps/*.parquet')`` read it directly.
+``s3://bucket/prefix`` URL (any S3 API: AWS, MinIO, Ceph, moto; endpoint and credentials from
+the standard ``AWS_*`` settings, see :func:`conductor.data.object_store.s3_filesystem`) or any
+other URL that ``pyarrow.fs`` can write. Each :meth:`ArtifactStore.write` adds at most one
+immutable ``part-…parquet`` per table (:meth:`ArtifactStore.write_pairs` one in ``pairs``),
+so plain ``pandas.read_parquet``, ``pyarrow.dataset`` and DuckDB
+``read_parquet('<root>/steps/*.parquet')`` read it directly.
 
 - Locally a file is written to a hidden ``.tmp-<uuid>.inprogress`` (skipped by dataset discovery
   and ``*.parquet`` globs), fsynced, then renamed into place: a killed writer never leaves a
@@ -25,7 +26,8 @@ write. Each :meth:`ArtifactStore.write` adds at most one immutable ``part-…par
 - Object-store outages: every operation retries with backoff for ``CONDUCTOR_ARTIFACTS_RETRY_S``
   seconds (default 15), then raises one :class:`~conductor.errors.StoreUnavailableError` line
   naming the store and its endpoint. A batch that could not be written is kept first in a local
-  spool (``$CONDUCTOR_HOME/spool/``) under its final name; the next write or compaction from
+  spool (``$CONDUCTOR_HOME/spool/``, :class:`~conductor.data.object_store.Spool`) under its
+  final name; the next write or compaction from
   this home sends it (:meth:`ArtifactStore.flush`), and a retry of the same batch is not
   written twice. Readers see spooled rows once they are sent.
 """
@@ -33,18 +35,13 @@ write. Each :meth:`ArtifactStore.write` adds at most one immutable ``part-…par
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import re
-import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,9 +49,10 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from conductor.data.object_store import Spool, object_name, reason, s3_filesystem, stamp, transient
 from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
 from conductor.errors import StoreError, StoreUnavailableError
-from conductor.home import artifacts_location, conductor_home
+from conductor.home import artifacts_location
 
 if TYPE_CHECKING:  # pyarrow imports pandas itself in to_pandas(); importing it costs 0.6 s
     import pandas as pd
@@ -88,13 +86,6 @@ _STALE_TMP_S = 3600.0  # a .tmp- file this old belongs to a killed writer
 _READ_ATTEMPTS = 60
 _RETRY_S = 15.0  # default budget of retries while an object store is unreachable
 _LOCK_SETTLE_S = 0.2  # object stores: wait, then read the lock back (the last PUT wins)
-_SENT_KEEP_S = 86400.0  # how long a sent spool file's digest is remembered
-# Failures worth retrying: the server is down, slow or overloaded (pyarrow/AWS SDK wording).
-_TRANSIENT = re.compile(
-    r"NETWORK_CONNECTION|curlCode|connect to server|Connection reset|timed out|Timeout|"
-    r"SLOW_DOWN|SERVICE_UNAVAILABLE|INTERNAL_FAILURE|REQUEST_TIMEOUT|HTTP status 5\d\d"
-)
-_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
 T = TypeVar("T")
 
 
@@ -131,74 +122,16 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _transient(e: BaseException) -> bool:
-    """An error a retry may cure (the server is unreachable or overloaded)."""
-    return (
-        isinstance(e, (OSError, pa.ArrowException))
-        and not isinstance(e, FileNotFoundError)
-        and bool(_TRANSIENT.search(str(e)))
-    )
-
-
 def _fail(e: Exception, message: str) -> StoreError | Exception:
     """``e`` itself when a retry may cure it (the caller's retry loop handles it), else a
     :class:`StoreError` with ``message``."""
-    return e if _transient(e) else StoreError(f"{message}: {e}")
-
-
-def _reason(e: BaseException) -> str:
-    """The useful part of an AWS SDK message, on one line."""
-    text = " ".join(str(e).split())
-    found = re.search(r"AWS Error (.*?)(?:; Details: (.*))?$", text)
-    if found:
-        text = f"{found[1]} ({found[2]})" if found[2] else found[1]
-    return text[:300]
+    return e if transient(e) else StoreError(f"{message}: {e}")
 
 
 def _parquet_bytes(data: pa.Table) -> bytes:
     buf = pa.BufferOutputStream()
     pq.write_table(data, buf)
     return buf.getvalue().to_pybytes()
-
-
-def _stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-
-
-def s3_filesystem(bucket: str) -> tuple[pafs.S3FileSystem, str | None]:
-    """A ``pyarrow.fs.S3FileSystem`` from the standard settings, and the endpoint URL (None:
-    AWS itself).
-
-    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (``http://host:port`` for MinIO or moto) is
-    passed as ``endpoint_override`` and ``scheme`` explicitly: pyarrow's own reading of those
-    variables is unreliable (apache/arrow#49643). ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``
-    and ``AWS_SESSION_TOKEN`` when set (else the AWS SDK's usual chain: profile, instance role);
-    ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (with an endpoint and neither set: ``us-east-1``;
-    on AWS with neither set, the bucket's region is looked up).
-    """
-    env = os.environ.get
-    kw: dict[str, Any] = {
-        "allow_delayed_open": True,  # a file under the part size is one PutObject, not three calls
-        "connect_timeout": 3.0,
-        "request_timeout": 30.0,
-        # No inner retries: ArtifactStore's own loop backs off, and says what is down.
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1),
-    }
-    if env("AWS_ACCESS_KEY_ID") and env("AWS_SECRET_ACCESS_KEY"):
-        kw.update(
-            access_key=env("AWS_ACCESS_KEY_ID"),
-            secret_key=env("AWS_SECRET_ACCESS_KEY"),
-            session_token=env("AWS_SESSION_TOKEN") or None,
-        )
-    endpoint = env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or None
-    region = env("AWS_REGION") or env("AWS_DEFAULT_REGION")
-    if endpoint:
-        url = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
-        kw.update(endpoint_override=url.netloc + url.path.rstrip("/"), scheme=url.scheme)
-        region = region or "us-east-1"
-    elif not region:
-        region = pafs.resolve_s3_region(bucket)
-    return pafs.S3FileSystem(region=region, **kw), endpoint
 
 
 class ArtifactStore:
@@ -234,6 +167,7 @@ class ArtifactStore:
                 ) from None
         self._retry_s = max(0.0, retry_s)
         self._replaces_cache: dict[tuple[str, str], frozenset[str]] = {}
+        self._spool_at: Spool | None = None
 
     @property
     def root(self) -> str:
@@ -269,14 +203,14 @@ class ArtifactStore:
             try:
                 return call(*args)
             except (OSError, pa.ArrowException) as e:
-                if not _transient(e):
+                if not transient(e):
                     raise StoreError(f"cannot {what} in {self._root}: {e}") from e
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     at = self._endpoint or ("AWS S3" if self._root.startswith("s3://") else "")
                     raise StoreUnavailableError(
                         f"artifact store {self._root} unreachable{f' at {at}' if at else ''} "
-                        f"({what}; retried {self._retry_s:g} s): {_reason(e)}"
+                        f"({what}; retried {self._retry_s:g} s): {reason(e)}"
                     ) from e
             time.sleep(min(delay, remaining))  # the last try is at the deadline
             delay = min(delay * 2, 5.0)
@@ -357,11 +291,11 @@ class ArtifactStore:
         On an object store an unreachable server raises the raw error, for :meth:`_retry`."""
         if not self._local:
             body = _parquet_bytes(data)
-            name = f"{prefix}-{_stamp()}-{_HOST}-{hashlib.sha256(body).hexdigest()[:32]}.parquet"
+            name = object_name(prefix, body)[0]
             if check:
                 check()
             return self._put_bytes(table, name, body)
-        directory, name = self._dir(table), f"{prefix}-{_stamp()}-{uuid.uuid4().hex}.parquet"
+        directory, name = self._dir(table), f"{prefix}-{stamp()}-{uuid.uuid4().hex}.parquet"
         try:
             os.makedirs(directory, exist_ok=True)
             tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}.inprogress")
@@ -394,29 +328,23 @@ class ArtifactStore:
 
     # -- object stores: retried writes and the local spool ---------------------------------
 
-    def _spool_dir(self, table: str) -> str:
-        key = hashlib.sha256(self._root.encode()).hexdigest()[:12]
-        label = re.sub(r"[^A-Za-z0-9._-]+", "_", self._root.split("://")[-1])[-60:]
-        return os.path.join(conductor_home(), "spool", f"{label}-{key}", table)
-
     def _publish(self, batch: list[tuple[str, pa.Table]]) -> list[str]:
         """One new ``part`` file per ``(table, data)``. On an object store each is sent with
         retries; if any cannot be, every unsent one stays in the local spool under its final
         name (a batch is kept whole), and the error says where."""
         if self._local:
             return [self._put(table, data, "part") for table, data in batch]
-        files, known = [], set()  # known: sent from the spool already, or held there
+        files, known = [], set()  # known: sent from the spool already, or waiting there
         for table, data in batch:
             body = _parquet_bytes(data)
-            digest, spool = hashlib.sha256(body).hexdigest()[:32], self._spool_dir(table)
-            held = [n for n in self._spooled(spool) if n.endswith(f"-{digest}.parquet")]
-            name = self._sent(spool, digest) or (held[0] if held else None)
-            if name:  # a retry of a batch an earlier write kept
+            name, digest = object_name("part", body)
+            held = self._spool.find(table, digest)  # a retry of a batch an earlier write kept
+            if held:
                 known.add(len(files))
-            files.append((table, name or f"part-{_stamp()}-{_HOST}-{digest}.parquet", body))
+            files.append((table, held or name, body))
         sent: set[int] = set()
         try:
-            self.flush()  # earlier batches first (held files of this batch among them)
+            self.flush()  # earlier batches first (waiting files of this batch among them)
             for i, (table, name, body) in enumerate(files):
                 if i not in known:
                     self._retry(f"write {table}", self._put_bytes, table, name, body)
@@ -424,43 +352,18 @@ class ArtifactStore:
         except StoreError as e:
             for i, (table, name, body) in enumerate(files):
                 if i not in known | sent:
-                    self._hold(self._spool_dir(table), name, body)
-            spool = os.path.dirname(self._spool_dir("runs"))
-            pending = sum(len(self._spooled(os.path.join(spool, t))) for t in TABLES)
+                    self._spool.hold(table, name, body)
             raise type(e)(
-                f"{e}; {pending} unsent file(s) kept in {spool}, sent by the next write or "
-                "compaction"
+                f"{e}; {self._spool.count(TABLES)} unsent file(s) kept in {self._spool.dir}, "
+                "sent by the next write or compaction"
             ) from e
         return [f"{self.table_path(table)}/{name}" for table, name, _ in files]
 
-    @staticmethod
-    def _sent(spool: str, digest: str) -> str | None:
-        """The name under which the spool sent a file of these bytes recently, if it did."""
-        try:
-            with open(os.path.join(spool, f".sent-{digest}")) as f:
-                return f.read().strip() or None
-        except FileNotFoundError:
-            return None
-
-    @staticmethod
-    def _spooled(spool: str) -> list[str]:
-        try:
-            names = os.listdir(spool)
-        except FileNotFoundError:
-            return []
-        return sorted(n for n in names if n.endswith(".parquet") and not n.startswith("."))
-
-    @staticmethod
-    def _hold(spool: str, name: str, body: bytes) -> None:
-        """Keep an unsent file in the spool, atomically (temp file, fsync, rename)."""
-        os.makedirs(spool, exist_ok=True)
-        tmp = os.path.join(spool, f".tmp-{uuid.uuid4().hex}")
-        with open(tmp, "xb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(spool, name))
-        _fsync_dir(spool)
+    @property
+    def _spool(self) -> Spool:
+        if self._spool_at is None:
+            self._spool_at = Spool(self._root)
+        return self._spool_at
 
     def flush(self) -> int:
         """Send the files that earlier writes from this home kept in the spool (the store was
@@ -474,32 +377,13 @@ class ArtifactStore:
             return 0
         sent = 0
         for table in TABLES:
-            spool, before = self._spool_dir(table), sent
-            for name in self._spooled(spool):
-                try:
-                    with open(os.path.join(spool, name), "rb") as f:
-                        body = f.read()
-                except FileNotFoundError:  # another process of this home sent it
-                    continue
-                self._retry(f"write {table}", self._put_bytes, table, name, body)
-                digest = name.rsplit("-", 1)[-1].removesuffix(".parquet")
-                with open(os.path.join(spool, f".sent-{digest}"), "w") as f:
-                    f.write(name)
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(spool, name))
-                sent += 1
-            if sent > before:
-                self._forget_sent(spool)
+            for name in self._spool.pending(table):
+                body = self._spool.read(table, name)
+                if body is not None:
+                    self._retry(f"write {table}", self._put_bytes, table, name, body)
+                    self._spool.sent(table, name)
+                    sent += 1
         return sent
-
-    @staticmethod
-    def _forget_sent(spool: str) -> None:
-        old = time.time() - _SENT_KEEP_S
-        for entry in os.scandir(spool):
-            if entry.name.startswith(".sent-"):
-                with contextlib.suppress(FileNotFoundError):
-                    if entry.stat().st_mtime < old:
-                        os.remove(entry.path)
 
     def _files(self, table: str) -> list[pafs.FileInfo]:
         """Every file in the table's folder, hidden ones included; [] if it does not exist."""
