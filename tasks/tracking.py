@@ -1,7 +1,9 @@
-"""MLflow tracking of evaluations: one MLflow run per eval, in the embedded sqlite store.
+"""MLflow tracking of evaluations: one MLflow run per eval, in the embedded sqlite store or
+on a tracking server that many hosts share.
 
-The tracking URI is ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///$CONDUCTOR_HOME/
-mlflow.db`` (MLflow 3's ``./mlruns`` file store is not supported). Every strategy evaluated
+The tracking URI is ``MLFLOW_TRACKING_URI`` when set (``http://host:5000`` for ``mlflow
+server``, as ``deployments/stack.py`` runs it), else ``sqlite:///$CONDUCTOR_HOME/mlflow.db``
+(MLflow 3's ``./mlruns`` file store is not supported). Every strategy evaluated
 on one dataset lands in one experiment, ``eval/<dataset>``, so the strategies compare side by
 side in the MLflow UI. Only pool *paths* and names are logged, never pool contents or keys.
 
@@ -10,6 +12,9 @@ root is ``./mlruns`` relative to the *current directory*, so an experiment creat
 ``$CONDUCTOR_HOME/mlartifacts/<experiment>`` instead (issue #10); with a tracking server the
 server's own artifact store decides. Every experiment of the product is created by
 ``mlflow_experiment``.
+
+With a shared server, two hosts may create the same experiment or registered model at the
+same moment: the one that loses the race uses the winner's (``RESOURCE_ALREADY_EXISTS``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
 
 # Tracking URIs whose server chooses where artifacts go (``mlflow server``, Databricks).
 _SERVER_SCHEMES = frozenset({"http", "https", "databricks"})
+_ALREADY_EXISTS = "RESOURCE_ALREADY_EXISTS"
 
 
 def tracking_uri() -> str:
@@ -57,10 +63,17 @@ def mlflow_experiment(mlflow: Any, name: str) -> str:
 
     ``mlflow`` is the ``mlflow`` module (after ``set_tracking_uri``) or an ``MlflowClient``.
     """
+    from mlflow.exceptions import MlflowException
+
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    return mlflow.create_experiment(name, artifact_location=experiment_artifact_location(name))
+    try:
+        return mlflow.create_experiment(name, artifact_location=experiment_artifact_location(name))
+    except MlflowException as exc:
+        if exc.error_code != _ALREADY_EXISTS:
+            raise
+    return mlflow.get_experiment_by_name(name).experiment_id  # another host created it
 
 
 def _ms(epoch_s: float | None) -> int:
@@ -134,7 +147,11 @@ def register_version(
     try:
         client.get_registered_model(name)
     except MlflowException:
-        client.create_registered_model(name)
+        try:
+            client.create_registered_model(name)
+        except MlflowException as exc:  # another host registered it meanwhile
+            if exc.error_code != _ALREADY_EXISTS:
+                raise
     version = client.create_model_version(
         name, source=f"{run.info.artifact_uri}/{artifact_path}", run_id=run_id, tags=tags
     )

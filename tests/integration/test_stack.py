@@ -205,6 +205,45 @@ def test_a_flow_run_of_one_host_is_seen_by_another_and_stored_in_postgres(stack)
         assert cursor.fetchone() == ("COMPLETED",)
 
 
+class _LateClient:
+    """An MLflow client that finds nothing the first time it looks: as if another host had
+    created the experiment or the model between our look and our create."""
+
+    def __init__(self, client: Any):
+        self._client = client
+        self._looked: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def get_experiment_by_name(self, name: str) -> Any:
+        if name not in self._looked:
+            self._looked.add(name)
+            return None
+        return self._client.get_experiment_by_name(name)
+
+    def get_registered_model(self, name: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        raise MlflowException(f"{name} not found", error_code="RESOURCE_DOES_NOT_EXIST")
+
+
+def test_two_hosts_creating_the_same_experiment_and_model_both_succeed(stack, tmp_path):
+    import mlflow
+
+    from tasks.tracking import mlflow_experiment, register_version
+
+    client = mlflow.MlflowClient(stack["urls"]["mlflow"])
+    winner = client.create_experiment("eval/race")  # the other host, first
+    client.create_registered_model("race")
+    late = _LateClient(client)
+    assert mlflow_experiment(late, "eval/race") == winner
+    run = client.create_run(winner)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    version = register_version(late, run.info.run_id, tmp_path, "race", "adapter", {})
+    assert client.get_model_version("race", version.version).run_id == run.info.run_id
+
+
 def _live_pids(pgid: int, parent: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
