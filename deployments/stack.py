@@ -201,7 +201,13 @@ class _Postgres:
         if os.geteuid() == 0:
             import pwd
 
-            entry = pwd.getpwnam(UNPRIVILEGED)
+            try:
+                entry = pwd.getpwnam(UNPRIVILEGED)
+            except KeyError:
+                raise StackError(
+                    f"PostgreSQL refuses to run as root, and there is no user {UNPRIVILEGED!r} "
+                    "to run it as: run the stack as another user"
+                ) from None
             self.as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
     @classmethod
