@@ -27,7 +27,16 @@ import pyarrow.fs as pafs
 
 from conductor.home import conductor_home
 
-__all__ = ["HOST", "Spool", "object_name", "reason", "s3_filesystem", "stamp", "transient"]
+__all__ = [
+    "HOST",
+    "Spool",
+    "object_name",
+    "reason",
+    "s3_filesystem",
+    "stamp",
+    "transient",
+    "vanished",
+]
 
 #: This host in object names (letters and digits only).
 HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
@@ -38,6 +47,9 @@ _TRANSIENT = re.compile(
     r"SLOW_DOWN|SERVICE_UNAVAILABLE|INTERNAL_FAILURE|REQUEST_TIMEOUT|HTTP status 5\d\d"
 )
 
+# A key that is not there (the AWS SDK says either, depending on whether the 404 has a body).
+_GONE = re.compile(r"NO_SUCH_KEY|RESOURCE_NOT_FOUND")
+
 
 def transient(e: BaseException) -> bool:
     """An error a retry may cure (the server is unreachable or overloaded), as opposed to a
@@ -46,6 +58,14 @@ def transient(e: BaseException) -> bool:
         isinstance(e, (OSError, pa.ArrowException))
         and not isinstance(e, FileNotFoundError)
         and bool(_TRANSIENT.search(str(e)))
+    )
+
+
+def vanished(e: BaseException) -> bool:
+    """A file that was listed is gone (a compaction deleted it): locally a
+    ``FileNotFoundError``; on S3 a read of a key whose size the listing gave fails without one."""
+    return isinstance(e, FileNotFoundError) or (
+        isinstance(e, (OSError, pa.ArrowException)) and bool(_GONE.search(str(e)))
     )
 
 

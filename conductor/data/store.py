@@ -50,7 +50,15 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from conductor.data.object_store import Spool, object_name, reason, s3_filesystem, stamp, transient
+from conductor.data.object_store import (
+    Spool,
+    object_name,
+    reason,
+    s3_filesystem,
+    stamp,
+    transient,
+    vanished,
+)
 from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
 from conductor.errors import StoreError, StoreUnavailableError
 from conductor.home import artifacts_location
@@ -472,10 +480,10 @@ class ArtifactStore:
                 data = self._load(table, live, columns, expr)
                 if self._settled(table, set(names)):
                     return data, live
-            except FileNotFoundError as e:  # a compaction deleted a file under us: re-list
-                last = e
             except (OSError, pa.ArrowException) as e:
-                raise _fail(e, f"cannot read {self.table_path(table)}") from e
+                if not vanished(e):
+                    raise _fail(e, f"cannot read {self.table_path(table)}") from e
+                last = e  # a compaction deleted a file under us: re-list
             time.sleep(min(0.001 * 2**attempt, 0.05))
         raise StoreError(
             f"no consistent view of {self.table_path(table)} after {_READ_ATTEMPTS} attempts "

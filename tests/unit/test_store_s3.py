@@ -286,6 +286,24 @@ def test_compaction_during_reads_never_loses_or_duplicates(s3: S3Server, store: 
     assert [n[:8] for n in names] == ["compact-"]  # sources deleted, lock released
 
 
+def test_read_retries_when_a_compaction_deletes_files_under_it(
+    store: ArtifactStore, monkeypatch: pytest.MonkeyPatch
+):
+    for i in range(4):
+        store.write([make_run(i)], [])
+    compactor, load, calls = ArtifactStore(store.root), store._load, []
+
+    def load_after_compaction(*args: object) -> pa.Table:
+        calls.append(args[1])
+        if len(calls) == 1:
+            compactor.compact("runs")  # deletes every key this read just listed
+        return load(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_load", load_after_compaction)
+    assert run_ids(store) == [f"run-{i:05d}" for i in range(4)]
+    assert len(calls) == 2 and len(calls[1]) == 1  # the retry read the one merged file
+
+
 def test_racing_compactions_are_harmless_to_readers(
     s3: S3Server, store: ArtifactStore, monkeypatch: pytest.MonkeyPatch
 ):
