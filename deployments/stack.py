@@ -508,18 +508,21 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
     return state
 
 
-def _stop_services(services: dict[str, dict[str, Any]], pg: _Postgres | None) -> list[str]:
-    """Stop in reverse order of start; the names of services with a process still alive."""
-    left = []
+def _stop_services(
+    services: dict[str, dict[str, Any]], pg: _Postgres | None
+) -> tuple[dict[str, float], list[str]]:
+    """Stop in reverse order of start: seconds each took, and the services still alive."""
+    seconds, left = {}, []
     for name in reversed(list(services)):
-        service = services[name]
+        service, started = services[name], time.monotonic()
         if name == "postgres" and pg is not None:
             pg.stop()
         if _stop_processes(service["pgid"], service["pid"]):
             left.append(f"{name} (process group {service['pgid']})")
+        seconds[name] = round(time.monotonic() - started, 1)
     if pg is not None and "postgres" not in services:
         pg.stop()  # initdb ran, the server did not start: remove its runtime directory
-    return left
+    return seconds, left
 
 
 def down(stack_dir: Path) -> dict[str, Any] | None:
@@ -534,11 +537,11 @@ def down(stack_dir: Path) -> dict[str, Any] | None:
         runtime = Path(info["runtime"]) if info.get("runtime") else None
         pg = _Postgres(Path(info["directory"]), Path(info["install"]), runtime)
     started = time.monotonic()
-    left = _stop_services(services, pg)
+    seconds, left = _stop_services(services, pg)
     if left:
         raise StackError(f"still running after SIGKILL: {', '.join(left)}")
     (stack_dir / STATE).unlink()
-    return {"down_seconds": round(time.monotonic() - started, 1), "stopped": list(services)}
+    return {"down_seconds": round(time.monotonic() - started, 1), "stopped": seconds}
 
 
 def _env_lines(stack_dir: Path, host: int) -> str:
@@ -573,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
             if result is None:
                 print(f"no stack in {args.dir.resolve()}")
             else:
-                print(f"stopped {', '.join(result['stopped'])} in {result['down_seconds']} s")
+                each = ", ".join(f"{n} {t} s" for n, t in result["stopped"].items())
+                print(f"stopped in {result['down_seconds']} s: {each}")
         else:
             sys.stdout.write(_env_lines(args.dir, args.host))
     except StackError as exc:

@@ -268,6 +268,7 @@ def test_down_leaves_no_process(stack):
     assert all(_live_pids(s["pgid"], s["pid"]) for s in services.values())
     result = _stack("down", "--dir", stack["dir"], timeout=120)
     assert result.returncode == 0, result.stderr
+    print(result.stdout)  # seconds per service (pytest -rP)
     left = {n: _live_pids(s["pgid"], s["pid"]) for n, s in services.items()}
     assert not any(left.values()), left
     assert not any(_port_open(s["port"]) for s in services.values())
