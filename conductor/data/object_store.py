@@ -30,6 +30,7 @@ from conductor.home import conductor_home
 __all__ = [
     "HOST",
     "Spool",
+    "fsync_dir",
     "object_name",
     "reason",
     "s3_filesystem",
@@ -125,7 +126,8 @@ def s3_filesystem(bucket: str) -> tuple[pafs.S3FileSystem, str | None]:
     return pafs.S3FileSystem(region=region, **kw), endpoint
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -172,7 +174,7 @@ class Spool:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(directory, name))
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
     def read(self, table: str, name: str) -> bytes | None:
         """A waiting file's bytes; None when another process of this home sent it already."""

@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 
 from conductor.data.object_store import (
     Spool,
+    fsync_dir,
     object_name,
     reason,
     s3_filesystem,
@@ -121,14 +122,6 @@ class CompactResult:
     files_after: dict[str, int]
     rows: dict[str, int]
     busy: tuple[str, ...] = ()  # tables skipped because another compaction holds the lock
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fail(e: Exception, message: str) -> StoreError | Exception:
@@ -321,7 +314,7 @@ class ArtifactStore:
                 with contextlib.suppress(OSError):
                     os.remove(tmp)
                 raise
-            _fsync_dir(directory)  # the rename is durable before any source is deleted
+            fsync_dir(directory)  # the rename is durable before any source is deleted
         except (OSError, pa.ArrowException) as e:
             raise StoreError(f"cannot write {self.table_path(table)}/{name}: {e}") from e
         return f"{self.table_path(table)}/{name}"

@@ -3,6 +3,7 @@ and compaction that concurrent readers and writers never notice."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -470,38 +472,53 @@ def test_compaction_with_a_concurrent_writer_thread(store: ArtifactStore):
     assert store.summary().steps == 40
 
 
-def test_reader_never_sees_loss_or_duplicates_during_compaction_cycles(store: ArtifactStore):
-    reader_store, stop = ArtifactStore(store.root), threading.Event()
+@contextlib.contextmanager
+def reading_all_the_time(root: str) -> Iterator[list[int]]:
+    """A thread of its own store reads ``runs`` in a loop while the block runs; every view
+    must hold no duplicate and never fewer rows than the one before. Yields the row counts."""
+    reader, stop = ArtifactStore(root), threading.Event()
     counts: list[int] = []
     errors: list[BaseException] = []
 
-    def reader() -> None:
+    def read() -> None:
         try:
             while not stop.is_set():
-                ids = reader_store.read("runs", columns=["run_id"])["run_id"].to_pylist()
+                ids = reader.read("runs", columns=["run_id"])["run_id"].to_pylist()
                 assert len(ids) == len(set(ids)), "duplicate rows"
                 assert not counts or len(ids) >= counts[-1], "row count went down"
                 counts.append(len(ids))
         except BaseException as e:  # reported to the main thread below
             errors.append(e)
 
-    thread = threading.Thread(target=reader)
+    thread = threading.Thread(target=read)
     thread.start()
     try:
-        for cycle in range(25):
-            store.write([make_run(10 * cycle + i) for i in range(3)], [])
-            store.write([make_run(10 * cycle + 5)], [])
-            store.compact("runs")
+        yield counts
     finally:
         stop.set()
         thread.join()
     assert not errors, errors
+
+
+def test_reader_never_sees_loss_or_duplicates_during_compaction_cycles(store: ArtifactStore):
+    with reading_all_the_time(store.root) as counts:
+        for cycle in range(25):
+            store.write([make_run(10 * cycle + i) for i in range(3)], [])
+            store.write([make_run(10 * cycle + 5)], [])
+            store.compact("runs")
     assert len(counts) > 25 and counts[-1] == store.read("runs").num_rows == 100
 
 
 def test_read_retries_when_a_compaction_deletes_files_under_it(
     store: ArtifactStore, monkeypatch: pytest.MonkeyPatch
 ):
+    read_while_a_compaction_deletes_its_files(store, monkeypatch)
+
+
+def read_while_a_compaction_deletes_its_files(
+    store: ArtifactStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read whose listed files are all deleted before it loads them lists again."""
     for i in range(4):
         store.write([make_run(i)], [])
     compactor, load, calls = ArtifactStore(store.root), store._load, []
