@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -124,10 +124,12 @@ class CompactResult:
     busy: tuple[str, ...] = ()  # tables skipped because another compaction holds the lock
 
 
-def _fail(e: Exception, message: str) -> StoreError | Exception:
-    """``e`` itself when a retry may cure it (the caller's retry loop handles it), else a
-    :class:`StoreError` with ``message``."""
-    return e if transient(e) else StoreError(f"{message}: {e}")
+def _reraise(e: Exception, message: str) -> NoReturn:
+    """Raise ``e`` itself when a retry may cure it (the caller's :meth:`ArtifactStore._retry`
+    handles it), else a :class:`StoreError` with ``message``."""
+    if transient(e):
+        raise e
+    raise StoreError(f"{message}: {e}") from e
 
 
 def _parquet_bytes(data: pa.Table) -> bytes:
@@ -326,7 +328,7 @@ class ArtifactStore:
             with self.fs.open_output_stream(f"{self._dir(table)}/{name}") as out:
                 out.write(body)
         except (OSError, pa.ArrowException) as e:
-            raise _fail(e, f"cannot write {self.table_path(table)}/{name}") from e
+            _reraise(e, f"cannot write {self.table_path(table)}/{name}")
         return f"{self.table_path(table)}/{name}"
 
     # -- object stores: retried writes and the local spool ---------------------------------
@@ -400,7 +402,7 @@ class ArtifactStore:
                 # under us): list again.
                 time.sleep(min(0.001 * 2**attempt, 0.05))
             except (OSError, pa.ArrowException) as e:
-                raise _fail(e, f"cannot list {self.table_path(table)}") from e
+                _reraise(e, f"cannot list {self.table_path(table)}")
         raise StoreError(f"cannot list {self.table_path(table)}: files kept vanishing under it")
 
     def _list(self, table: str) -> list[str]:
@@ -475,7 +477,7 @@ class ArtifactStore:
                     return data, live
             except (OSError, pa.ArrowException) as e:
                 if not vanished(e):
-                    raise _fail(e, f"cannot read {self.table_path(table)}") from e
+                    _reraise(e, f"cannot read {self.table_path(table)}")
                 last = e  # a compaction deleted a file under us: re-list
             time.sleep(min(0.001 * 2**attempt, 0.05))
         raise StoreError(
@@ -555,7 +557,7 @@ class ArtifactStore:
         try:
             data = self._load(table, live, None, None).sort_by(_SORT[table])
         except (OSError, pa.ArrowException) as e:
-            raise _fail(e, f"cannot read {self.table_path(table)} to compact it") from e
+            _reraise(e, f"cannot read {self.table_path(table)} to compact it")
         data = data.replace_schema_metadata({_REPLACES: json.dumps(live).encode()})
 
         def still_ours() -> None:
@@ -614,7 +616,7 @@ class ArtifactStore:
         except FileExistsError:  # another compactor won the race
             return None
         except (OSError, pa.ArrowException) as e:
-            raise _fail(e, f"cannot take compaction lock {lock}") from e
+            _reraise(e, f"cannot take compaction lock {lock}")
         with os.fdopen(fd, "w") as f:
             f.write(token)
         return token
