@@ -1,4 +1,6 @@
-"""Best-of-N with OrchRM (arXiv 2606.13598), and the one entry point that runs a question.
+"""Best-of-N with OrchRM (arXiv 2606.13598), and the tasks that run a question:
+``run_question`` as its own ``orchestrate`` (or ``best-of-n``) flow run, which stores it (GRPO's
+rollouts), and ``eval_question`` inside its own task run, its rows left to the eval to store.
 
 - ``best-of-n:N[:PROPOSER]``: N plans are proposed and all N run (``orchestrate`` subflows,
   concurrently); OrchRM scores each plan with its step outputs and the best run is the answer.
@@ -25,7 +27,7 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import PrefectHTTPStatusError
-from prefect.runtime import flow_run
+from prefect.runtime import flow_run, task_run
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -44,12 +46,12 @@ from conductor.plan.strategies import (
     random_plan_seed,
 )
 from conductor.pool import Pool, load_pool
-from flows.orchestrate import orchestrate
+from flows.orchestrate import RunOutcome, orchestrate, run_unstored
 from reward_model.model import CHAMPION
 from tasks.planning import write_plan
 from tasks.reward_model import score_plans
 
-__all__ = ["best_of_n", "run_question", "DEFAULT_RM"]
+__all__ = ["best_of_n", "eval_question", "run_question", "DEFAULT_RM"]
 
 DEFAULT_RM = CHAMPION
 QUESTION_RETRIES = 2
@@ -95,6 +97,25 @@ def run_question(request: OrchestrateRequest) -> RunResult:
     if parse_strategy(request.strategy).best_of:
         return _finished(best_of_n(request, return_state=True), f"question {request.question_id}")
     return _finished(orchestrate(request, return_state=True), f"question {request.question_id}")
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="question",
+    task_run_name="question {request.question_id}",
+    retries=QUESTION_RETRIES,
+    retry_delay_seconds=2,
+    retry_condition_fn=_api_failure,
+    persist_result=False,  # the rows go to the artifact store, the summary to the eval
+)
+def eval_question(request: OrchestrateRequest) -> RunOutcome | RunResult:
+    """An eval's question, in this task run (its id is the run id, the same on a retry): the
+    plan's steps are task runs under it, and its rows come back unstored for the eval to
+    store in batches. A best-of-n question runs its ``best-of-n`` flow, which stores its
+    candidates itself, and returns the chosen run."""
+    if parse_strategy(request.strategy).best_of:
+        return _finished(best_of_n(request, return_state=True), f"question {request.question_id}")
+    return run_unstored(request, str(task_run.id))
 
 
 @task(cache_policy=NO_CACHE, name="candidate", task_run_name="candidate {index}")

@@ -1,14 +1,18 @@
 """The ``evaluate`` flow: one strategy over a dataset, every question a tracked run.
 
-Each question runs as an ``orchestrate`` subflow (so it shows in the Prefect UI and lands in
-the artifact store, tagged with the eval id and strategy), at most ``concurrency`` at once.
+Each question is a ``question`` task run of the eval (``flows.best_of_n.eval_question``): the
+same plan, step task runs and verification as an ``orchestrate`` run, at most ``concurrency``
+at once, without a flow run or artifacts of its own. Its run lands in the artifact store, tagged
+with the eval id and strategy; the eval stores finished runs in batches (``RunBatch``), one
+Parquet part per table for up to 50 runs. A best-of-n question is its ``best-of-n`` subflow.
 The eval as a whole is one MLflow run in experiment ``eval/<dataset>``, so the paper's
 comparisons (conductor, single worker, self-consistency, random plan; arXiv 2512.04388 §5)
 sit side by side in the MLflow UI.
 
 In the Prefect UI an eval is the run ``eval · <dataset> · <strategy>``: its ``eval-progress``
 artifact moves as runs finish (a tqdm bar too, only when stderr is a terminal), its
-``eval-summary`` table holds the metrics, and its result (persisted) is the ``EvalResult``.
+``eval-runs`` table has one row per run, its ``eval-summary`` table holds the metrics, and its
+result (persisted) is the ``EvalResult``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -27,16 +32,22 @@ from conductor.home import artifacts_location
 from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
 from conductor.plan.strategies import parse_strategy
 from conductor.pool import load_pool
-from flows.best_of_n import run_question
+from flows.best_of_n import eval_question, run_question
+from flows.orchestrate import TASK_RUNNER_WORKERS, RunOutcome
 from flows.runtime import result_storage
-from tasks.artifacts import EvalProgress, publish_eval_summary
+from tasks.artifacts import EvalProgress, RunBatch, publish_eval_runs, publish_eval_summary
 from tasks.tracking import log_eval
 
-__all__ = ["evaluate", "run_question"]
+__all__ = ["evaluate", "eval_question", "run_question"]
 
 # A conductor sampled several times per question (``--samples``) samples at this temperature
 # (the Conductor paper's rollout temperature).
 SAMPLED_CONDUCTOR_TEMPERATURE = 1.0
+# Question tasks wait for their steps in the eval's own thread pool: it holds at most
+# ``EvalRequest.concurrency`` (<= 64) waiting questions plus a plan runner's worth of steps.
+MAX_CONCURRENCY = 64
+# While it waits for questions, the eval looks this often whether a batch of rows is due.
+POLL_S = 1.0
 
 
 def _request(
@@ -106,18 +117,22 @@ def _run_name() -> str:
     return f"eval · {_dataset_name(dataset)} · {strategy}"
 
 
-def _drain(finished: queue.SimpleQueue[None]) -> int:
-    n = 0
+def _drain(finished: queue.SimpleQueue[PrefectFuture], wait_s: float) -> list[PrefectFuture]:
+    """The futures of questions that finished, waiting up to ``wait_s`` for the first."""
+    done = []
+    try:
+        done.append(finished.get(timeout=wait_s) if wait_s else finished.get_nowait())
+    except queue.Empty:
+        return done
     while not finished.empty():
-        finished.get_nowait()
-        n += 1
-    return n
+        done.append(finished.get_nowait())
+    return done
 
 
 @flow(
     name="evaluate",
     flow_run_name=_run_name,
-    task_runner=ThreadPoolTaskRunner(64),
+    task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS + MAX_CONCURRENCY),
     log_prints=False,
     persist_result=True,
     result_storage=result_storage(),
@@ -134,26 +149,41 @@ def evaluate(request: EvalRequest) -> EvalResult:
     )
     eval_id = str(flow_run.id or time.time_ns())
 
-    # At most ``concurrency`` questions at once. Each finished run releases the gate and
-    # posts to ``finished``; this thread alone moves the progress artifact (API calls).
+    # At most ``concurrency`` questions at once. Each finished question releases the gate
+    # and posts its future to ``finished``; this thread alone moves the progress artifact
+    # (API calls) and hands the finished runs' rows to the batch.
     gate = threading.Semaphore(request.concurrency)
-    finished: queue.SimpleQueue[None] = queue.SimpleQueue()
+    finished: queue.SimpleQueue[PrefectFuture] = queue.SimpleQueue()
     jobs = [(ex, k) for ex in examples for k in range(request.samples)]
     progress = EvalProgress(len(jobs), f"eval {strategy}")
+    batch = RunBatch(request.artifacts)
+
+    def settle(wait_s: float = 0.0) -> None:
+        done = _drain(finished, wait_s)
+        for future in done:
+            outcome = future.result(raise_on_failure=False)
+            if isinstance(outcome, RunOutcome):
+                batch.add(outcome.run, outcome.steps)
+        progress.advance(len(done))
+        batch.flush_if_due()
+
     futures = []
     for ex, k in jobs:
-        gate.acquire()
-        progress.advance(_drain(finished))
-        future = run_question.submit(_request(ex, request, eval_id, strategy, k))
-        future.add_done_callback(lambda _f: (finished.put(None), gate.release()))
+        while not gate.acquire(timeout=POLL_S):
+            settle()
+        settle()
+        future = eval_question.submit(_request(ex, request, eval_id, strategy, k))
+        future.add_done_callback(lambda f: (finished.put(f), gate.release()))
         futures.append(future)
     while progress.done < len(jobs):
-        finished.get()
-        progress.advance(1 + _drain(finished))
+        settle(POLL_S)
+    batch.close()
     progress.close()
     results: list[RunResult | None] = []
     for future in futures:
         outcome = future.result(raise_on_failure=False)
+        if isinstance(outcome, RunOutcome):
+            outcome = outcome.result
         results.append(outcome if isinstance(outcome, RunResult) else None)
 
     rows = []
@@ -190,6 +220,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
             sum(r["format_valid"] for r in rows) / n if n and strategy == "conductor" else None
         ),
     }
+    publish_eval_runs(rows, strategy)
     selection = _selection_metrics(rows) or None
     metrics.update(selection or {})
     solved = {r["question_id"] for r in rows if r["correct"]}

@@ -53,12 +53,12 @@ from conductor.pool import Pool, load_pool
 from conductor.providers.llm import Completion
 from conductor.providers.tools import SANDBOXED_MODELS
 from flows.runtime import result_storage
-from tasks.artifacts import publish_answer, publish_plan, publish_steps, save_run
+from tasks.artifacts import publish_answer, publish_plan, publish_steps, save_run, store_root
 from tasks.planning import write_nested_plan, write_plan
 from tasks.verify import verify_answer
 from tasks.workers import StepOutcome, step_run_name, step_task_for
 
-__all__ = ["orchestrate", "conductor_round"]
+__all__ = ["RunOutcome", "conductor_round", "orchestrate", "run_unstored"]
 
 # Enough threads for the widest layer we expect; I/O-bound worker calls mostly wait.
 TASK_RUNNER_WORKERS = 64
@@ -308,9 +308,9 @@ def _flow_logger() -> Any:
     return get_run_logger()
 
 
-def _log_plan(workflow: Workflow, format_error: str | None) -> None:
+def _log_plan(workflow: Workflow, format_error: str | None, log: Callable[[], Any]) -> None:
     text = "\n".join(plan_lines(workflow.steps, format_error))
-    _flow_logger().info(text)  # the run's log in the Prefect UI
+    log().info(text)  # the run's log in the Prefect UI
     PROGRESS.info(text)
 
 
@@ -391,7 +391,7 @@ def _answer(execution: _Execution, strategy: Strategy, kind: str) -> str | None:
     return majority_vote(outputs, lambda text: answer_key(kind, text))
 
 
-def _log_answer(result: RunResult) -> None:
+def _log_answer(result: RunResult, log: Callable[[], Any]) -> None:
     """One ``answer: …`` line (whitespace collapsed, cut at ``ANSWER_LOG_LIMIT``), plus the
     verdict or the reason; the full answer is the run's result and its artifact."""
     answer = " ".join((result.answer or "").split()) or "(none)"
@@ -402,21 +402,35 @@ def _log_answer(result: RunResult) -> None:
         extra = f" ({'correct' if result.correct else 'wrong'}, reward {result.reward})"
     if result.reason is not None:
         extra += f" (failed: {result.reason})"
-    _flow_logger().info(f"answer: {answer}{extra}")
+    log().info(f"answer: {answer}{extra}")
 
 
-# The result is persisted (JSON, readable as a file too) so the UI and API show the answer.
-@flow(
-    name="orchestrate",
-    flow_run_name=_run_name,
-    task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
-    log_prints=False,
-    persist_result=True,
-    result_storage=result_storage(),
-    result_serializer="json",
-)
-def orchestrate(request: OrchestrateRequest) -> RunResult | State:
-    """Answer one question with a conductor-written plan; store every step as an artifact."""
+@dataclass
+class RunOutcome:
+    """A finished run: what it returns, and its rows for the artifact store (not yet stored)."""
+
+    result: RunResult
+    run: RunRecord
+    steps: list[StepRecord]
+
+
+@dataclass
+class _Done:
+    run: RunRecord
+    records: list[StepRecord]
+    plan: _Plan
+    execution: _Execution
+    started: float
+
+
+def _run_request(
+    request: OrchestrateRequest, run_id: str, log: Callable[[], Any], publish: bool
+) -> _Done:
+    """Plan, execute and verify one question; the run record is built but not stored.
+
+    ``publish``: the plan's Markdown artifact while the first steps run (a single run's view;
+    an eval shows one table of all its runs instead). ``log`` gives the logger of the run's
+    own lines (the plan, the answer)."""
     started = time.perf_counter()
     pool = load_pool(request.pool)
     if request.conductor:
@@ -427,7 +441,7 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     if strategy.kind == "self-consistency":
         pool = pool.with_sampling(strategy.worker or "", SELF_CONSISTENCY_TEMPERATURE)
     ids = _RunIds(
-        run_id=str(flow_run.id or hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32]),
+        run_id=run_id,
         question_id=request.question_id or _question_id(request.question),
         question=request.question,
         max_steps=request.max_steps or pool.max_steps,
@@ -440,12 +454,16 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
         execution.reason = plan.reason
         if plan.workflow is not None:
             workflow, format_error = plan.workflow, plan.format_error
-            _log_plan(workflow, format_error)
+            _log_plan(workflow, format_error, log)
             execution = execute(
                 workflow,
                 pool,
                 ids,
-                while_running=lambda: publish_plan(workflow, request.question, format_error),
+                while_running=(
+                    (lambda: publish_plan(workflow, request.question, format_error))
+                    if publish
+                    else None
+                ),
             )
     except ConductorError as exc:
         execution.reason = execution.reason or _one_line(exc)
@@ -495,35 +513,67 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
         wall_s=time.perf_counter() - started,
         tags={**request.tags, "strategy": str(strategy)},
     )
-    # Storing the rows and publishing the UI table overlap: both are I/O after the last step.
-    saved = save_run.submit(run, execution.records, request.artifacts or artifacts_location())
-    if execution.records:
-        publish_steps(execution.records)
-    root = saved.result()
-    result = RunResult(
-        run_id=ids.run_id,
-        status=status,
-        answer=answer,
+    return _Done(run, execution.records, plan, execution, started)
+
+
+def _run_result(done: _Done, root: str) -> RunResult:
+    run, plan = done.run, done.plan
+    return RunResult(
+        run_id=run.run_id,
+        status=run.status,
+        answer=run.answer,
         workflow=[s.model_dump(mode="json") for s in plan.workflow.steps] if plan.workflow else [],
         input_tokens=run.input_tokens,
         output_tokens=run.output_tokens,
         cost_usd=run.cost_usd,
-        wall_s=round(time.perf_counter() - started, 3),
+        wall_s=round(time.perf_counter() - done.started, 3),
         artifacts=root,
-        format_valid=format_valid,
+        format_valid=run.format_valid,
         format_error=plan.format_error,
-        reason=execution.reason,
-        correct=correct,
-        reward=reward,
-        question_id=ids.question_id,
+        reason=done.execution.reason,
+        correct=run.correct,
+        reward=run.reward,
+        question_id=run.question_id,
         step_outputs=[
             (r.status, r.output if r.status == "completed" else r.error)
-            for r in sorted(execution.records, key=lambda r: r.step)
+            for r in sorted(done.records, key=lambda r: r.step)
             if r.depth == 0
         ],
     )
+
+
+def run_unstored(request: OrchestrateRequest, run_id: str) -> RunOutcome:
+    """One question as part of a larger run (an eval's question task): the same plan, step
+    task runs, verification and records as ``orchestrate``, in the calling task run, with no
+    flow run, no per-run artifacts and nothing stored; the caller stores ``steps`` and ``run``
+    (``tasks.artifacts.RunBatch``). ``result.artifacts`` is the store the caller writes to."""
+    done = _run_request(request, run_id, get_run_logger, publish=False)
+    result = _run_result(done, store_root(request.artifacts or artifacts_location()))
+    _log_answer(result, get_run_logger)
+    return RunOutcome(result, done.run, done.records)
+
+
+# The result is persisted (JSON, readable as a file too) so the UI and API show the answer.
+@flow(
+    name="orchestrate",
+    flow_run_name=_run_name,
+    task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
+    log_prints=False,
+    persist_result=True,
+    result_storage=result_storage(),
+    result_serializer="json",
+)
+def orchestrate(request: OrchestrateRequest) -> RunResult | State:
+    """Answer one question with a conductor-written plan; store every step as an artifact."""
+    run_id = str(flow_run.id or hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32])
+    done = _run_request(request, run_id, _flow_logger, publish=True)
+    # Storing the rows and publishing the UI table overlap: both are I/O after the last step.
+    saved = save_run.submit(done.run, done.records, request.artifacts or artifacts_location())
+    if done.records:
+        publish_steps(done.records)
+    result = _run_result(done, saved.result())
     publish_answer(result)
-    _log_answer(result)
-    if execution.reason is not None:
-        return Failed(message=execution.reason, data=result)
+    _log_answer(result, _flow_logger)
+    if result.reason is not None:
+        return Failed(message=result.reason, data=result)
     return result

@@ -8,12 +8,18 @@ DAG), table artifacts, and a progress artifact. Keys (a new version per run):
 - ``conductor-answer``: the answer, the run's status and, after verification, correct/reward;
 - ``conductor-steps``: one row per executed step (status, tokens, cost, latency, error);
 - ``eval-progress``: the share of an eval's runs that have finished;
+- ``eval-runs``: an eval's runs, one row each (an eval's questions publish none of the above);
 - ``eval-summary``: an eval's metrics, one row each.
+
+An eval stores its runs' rows in batches (``RunBatch``: one Parquet part per table for up to
+``BATCH_RUNS`` runs, or what finished within ``BATCH_WAIT_S``) instead of two files per run.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from prefect import task
@@ -32,19 +38,29 @@ from conductor.plan.requests import EvalResult, RunResult
 from conductor.plan.workflow import Workflow
 
 __all__ = [
+    "BATCH_RUNS",
+    "BATCH_WAIT_S",
     "EvalProgress",
+    "RunBatch",
     "answer_markdown",
     "eval_summary_rows",
     "plan_markdown",
     "publish_answer",
+    "publish_eval_runs",
     "publish_eval_summary",
     "publish_plan",
     "publish_steps",
     "save_run",
+    "save_runs",
+    "store_root",
 ]
 
 # An answer longer than this is cut in the artifact; the full text is in the run's result.
 ANSWER_LIMIT = 10_000
+# An eval writes one Parquet part per table for this many finished runs, or sooner once the
+# oldest unwritten run has waited BATCH_WAIT_S (so a killed eval loses at most that window).
+BATCH_RUNS = 50
+BATCH_WAIT_S = 5.0
 
 
 @task(
@@ -59,6 +75,75 @@ def save_run(run: RunRecord, steps: list[StepRecord], root: str | None = None) -
     store = ArtifactStore(root)
     store.write([run], steps)
     return store.root
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="save-artifacts",
+    task_run_name="save artifacts ({n} runs)",
+    retries=2,
+    retry_delay_seconds=1,
+)
+def save_runs(
+    runs: Sequence[RunRecord], steps: Sequence[StepRecord], root: str | None, n: int
+) -> str:
+    """Append several runs and their steps in a single batch (one file per table)."""
+    store = ArtifactStore(root)
+    store.write(runs, steps)
+    return store.root
+
+
+def store_root(root: str | None = None) -> str:
+    """The root ``save_run`` reports for ``root``, without writing anything."""
+    return ArtifactStore(root).root
+
+
+class RunBatch:
+    """Finished runs of an eval waiting to be stored together (see ``BATCH_RUNS``).
+
+    Each run is stored once, by run id, however often it is added (a retried question's
+    outcome, offered twice, adds no second row). Call ``flush_if_due`` now and then and
+    ``close`` at the end, from one thread; writes run as ``save_runs`` task runs."""
+
+    def __init__(self, root: str | None, size: int | None = None, max_wait_s: float | None = None):
+        self.root = root
+        self.size = size or BATCH_RUNS
+        self.max_wait_s = BATCH_WAIT_S if max_wait_s is None else max_wait_s
+        self._runs: list[RunRecord] = []
+        self._steps: list[StepRecord] = []
+        self._seen: set[str] = set()
+        self._oldest: float | None = None
+        self._writes: list[Any] = []
+
+    def add(self, run: RunRecord, steps: Sequence[StepRecord]) -> None:
+        if run.run_id in self._seen:
+            return
+        self._seen.add(run.run_id)
+        self._runs.append(run)
+        self._steps.extend(steps)
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+        if len(self._runs) >= self.size:
+            self.flush()
+
+    def flush_if_due(self) -> None:
+        if self._oldest is not None and time.monotonic() - self._oldest >= self.max_wait_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._runs:
+            return
+        runs, steps = self._runs, self._steps
+        self._runs, self._steps, self._oldest = [], [], None
+        self._writes.append(save_runs.submit(runs, steps, self.root, len(runs)))
+
+    def close(self) -> int:
+        """Store what is left and wait for every write (a failed one raises); the number of
+        runs stored."""
+        self.flush()
+        for write in self._writes:
+            write.result()
+        return len(self._seen)
 
 
 def _cell(text: str, limit: int = 80) -> str:
@@ -190,6 +275,24 @@ def eval_summary_rows(result: EvalResult) -> list[dict[str, Any]]:
     rows.append(("MLflow experiment", result.mlflow_experiment))
     rows.append(("MLflow run id", result.mlflow_run_id))
     return [{"metric": k, "value": _value(v)} for k, v in rows]
+
+
+EVAL_RUN_COLUMNS = ("question_id", "sample", "status", "correct", "reward", "answer", "run_id")
+
+
+def publish_eval_runs(rows: Sequence[dict[str, Any]], strategy: str) -> None:
+    """One table artifact of an eval's runs (the eval's view of what single runs publish as
+    ``conductor-answer``); answers cut to 80 characters, the rest is in the store."""
+    table = [
+        {
+            k: _cell(str(r[k])) if k == "answer" and r.get(k) is not None else r.get(k)
+            for k in EVAL_RUN_COLUMNS
+        }
+        for r in rows
+    ]
+    create_table_artifact(
+        table=table, key="eval-runs", description=f"{strategy}: {len(table)} runs"
+    )
 
 
 def publish_eval_summary(result: EvalResult) -> None:

@@ -143,23 +143,23 @@ def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatc
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
 
-    import flows.best_of_n as ev  # run_question lives there and calls orchestrate
+    import flows.best_of_n as ev  # eval_question lives there and calls run_unstored
 
     data, pool, tmp_path = setup
-    real = ev.orchestrate
+    real = ev.run_unstored
     failures: list[str] = []
 
-    def flaky(request, **kw):
+    def flaky(request, *args, **kw):
         if request.question_id == "q1" and not failures:
             failures.append(request.question_id)
             url = "http://127.0.0.1/api/task_runs/"
             response = httpx.Response(503, request=httpx.Request("POST", url))
             error = httpx.HTTPStatusError("503", request=response.request, response=response)
             raise PrefectHTTPStatusError.from_httpx_error(error)
-        return real(request, **kw)
+        return real(request, *args, **kw)
 
-    monkeypatch.setattr(ev, "orchestrate", flaky)
-    monkeypatch.setattr(ev.run_question, "retry_delay_seconds", 0)
+    monkeypatch.setattr(ev, "run_unstored", flaky)
+    monkeypatch.setattr(ev.eval_question, "retry_delay_seconds", 0)
     result = _eval(data, pool, tmp_path, "single:oracle")
     assert failures == ["q1"]
     assert result.n == 4 and result.failed == 0 and result.correct == 3
@@ -173,11 +173,11 @@ def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypa
     data, pool, tmp_path = setup
     calls: list[str] = []
 
-    def broken(request, **kw):
+    def broken(request, *args, **kw):
         calls.append(request.question_id)
         raise ValueError("a bug, not the API")
 
-    monkeypatch.setattr(ev, "orchestrate", broken)
+    monkeypatch.setattr(ev, "run_unstored", broken)
     result = _eval(data, pool, tmp_path, "single:oracle")
     assert sorted(calls) == ["q0", "q1", "q2", "q3"]  # once each
     assert result.n == 4 and result.failed == 4 and result.correct == 0
