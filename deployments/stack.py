@@ -14,7 +14,11 @@
 - **an S3 API** (moto's server mode) with the bucket ``conductor``;
 - **MLflow's tracking server**: its backend store on PostgreSQL, its artifacts proxied to
   ``s3://conductor/mlflow`` (clients need only ``MLFLOW_TRACKING_URI``);
-- **Prefect's server** on PostgreSQL (``PREFECT_API_DATABASE_CONNECTION_URL``).
+- **Prefect's server** on PostgreSQL (``PREFECT_API_DATABASE_CONNECTION_URL``), with a
+  prefect-aws ``S3Bucket`` block ``s3-bucket/conductor-results`` (``s3://conductor/prefect``)
+  that every host's settings name for Prefect's results and background-task parameters
+  (``PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK``, ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK``;
+  ``conductor eval --fan-out``).
 
 It waits until each one answers (a bounded wait; a service that exits or does not answer
 in time is named in one line, and everything already started is stopped), then writes
@@ -55,6 +59,10 @@ STATE = "stack.json"
 BUCKET = "conductor"
 ARTIFACTS = f"s3://{BUCKET}/artifacts"  # CONDUCTOR_ARTIFACTS of every host
 MLFLOW_ARTIFACTS = f"s3://{BUCKET}/mlflow"
+# Prefect's results and background-task parameters (``conductor eval --fan-out``): a
+# prefect-aws S3Bucket block on the stack's Prefect server, named in every host's settings.
+RESULTS_BLOCK = "s3-bucket/conductor-results"
+RESULTS_FOLDER = "prefect"
 PG_USER = "postgres"
 DATABASES = ("prefect", "mlflow")
 UNPRIVILEGED = "nobody"
@@ -349,6 +357,46 @@ def _create_bucket(endpoint: str) -> bool:
     return True
 
 
+_BLOCK_CODE = """
+import sys
+from prefect_aws import AwsCredentials, S3Bucket
+from prefect_aws.client_parameters import AwsClientParameters
+
+endpoint, bucket, folder, name, key, secret, region = sys.argv[1:]
+credentials = AwsCredentials(
+    aws_access_key_id=key, aws_secret_access_key=secret, region_name=region,
+    aws_client_parameters=AwsClientParameters(endpoint_url=endpoint),
+)
+block = S3Bucket(bucket_name=bucket, bucket_folder=folder, credentials=credentials)
+block.save(name, overwrite=True)
+"""
+
+
+def _create_results_block(urls: dict[str, str], stack_dir: Path, deadline: float) -> None:
+    """The S3Bucket block of Prefect's results and task parameters, on the stack's server."""
+    log = stack_dir / "logs" / "results-block.log"
+    env = {**_base_env(), "PREFECT_API_URL": urls["prefect"],
+           "PREFECT_HOME": str(stack_dir / "prefect-client")}  # fmt: skip
+    name = RESULTS_BLOCK.split("/", 1)[1]
+    args = [urls["s3"], BUCKET, RESULTS_FOLDER, name, *AWS.values()]
+    try:
+        with log.open("w") as out:
+            done = subprocess.run(
+                [sys.executable, "-c", _BLOCK_CODE, *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=max(deadline - time.monotonic(), 30),
+            )
+    except subprocess.TimeoutExpired:
+        raise StackError(
+            f"the results block ({RESULTS_BLOCK}) was not saved in time (log: {log})"
+        ) from None
+    if done.returncode != 0:
+        last = (log.read_text(errors="replace").strip().splitlines() or ["?"])[-1]
+        raise StackError(f"the results block ({RESULTS_BLOCK}) was not saved: {last} (log: {log})")
+
+
 def _boto_keys() -> dict[str, str]:
     return {
         "aws_access_key_id": AWS["AWS_ACCESS_KEY_ID"],
@@ -371,6 +419,9 @@ def host_env(stack_dir: Path, index: int, urls: dict[str, str]) -> dict[str, str
         "CONDUCTOR_ARTIFACTS": ARTIFACTS,
         "AWS_ENDPOINT_URL": urls["s3"],
         "MLFLOW_S3_ENDPOINT_URL": urls["s3"],
+        # Prefect results and background-task parameters where every host reads them.
+        "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK": RESULTS_BLOCK,
+        "PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK": RESULTS_BLOCK,
         **AWS,
     }
 
@@ -487,6 +538,7 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
               procs["mlflow"], deadline, logs / "mlflow.log")  # fmt: skip
         _wait("the Prefect server", lambda: _answers(f"{urls['prefect']}/health"),
               procs["prefect"], deadline, logs / "prefect.log")  # fmt: skip
+        _create_results_block(urls, stack_dir, deadline)
     except BaseException as exc:
         _stop_services(services, pg)
         if isinstance(exc, subprocess.TimeoutExpired):

@@ -262,6 +262,16 @@ def eval_(
     pool: PoolOpt = None,
     conductor: ConductorOpt = None,
     rm: RmOpt = None,
+    fan_out: Annotated[
+        bool,
+        typer.Option(
+            "--fan-out",
+            help="Hand each question to the fleet: any `conductor serve` on any host of this "
+            "Prefect server; --concurrency questions in flight. Needs PREFECT_API_URL and "
+            "PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK / "
+            "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK (storage every host reads).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -273,6 +283,13 @@ def eval_(
     p = load_pool_option(pool, conductor)
     check_rm(parse_strategy(strategy, p), rm)
     load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
+    if fan_out:
+        from flows.fanout import FanOutError, check_fleet
+
+        try:
+            check_fleet()
+        except FanOutError as exc:
+            fail(str(exc))
     request = build_request(
         EvalRequest,
         dataset=dataset,
@@ -285,6 +302,7 @@ def eval_(
         seed=seed,
         conductor=conductor,
         rm=rm,
+        fan_out=fan_out,
     )
     from conductor.plan.requests import EvalResult
     from flows.evaluate import evaluate

@@ -168,11 +168,16 @@ def evaluate(request: EvalRequest) -> EvalResult:
         batch.flush_if_due()
 
     futures = []
+    submit = eval_question.submit
+    if request.fan_out:  # fan-out hook (issue #19): the questions run on the fleet
+        from flows.fanout import Fleet
+
+        submit = Fleet(request.concurrency).submit
     for ex, k in jobs:
         while not gate.acquire(timeout=POLL_S):
             settle()
         settle()
-        future = eval_question.submit(_request(ex, request, eval_id, strategy, k))
+        future = submit(_request(ex, request, eval_id, strategy, k))
         future.add_done_callback(lambda f: (finished.put(f), gate.release()))
         futures.append(future)
     while progress.done < len(jobs):

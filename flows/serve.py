@@ -20,6 +20,9 @@ and Prefect API URL) and removes it when it stops. ``run`` uses it only when its
 workers need a running Prefect server (the ephemeral one lives and dies with each command),
 so ``serve`` refuses to start without ``PREFECT_API_URL``.
 
+It serves ``flows.fanout.fleet_question`` too: the questions of ``conductor eval --fan-out``,
+from any host of the fleet, each run by whichever serve process the Prefect server hands it to.
+
 The request's parameters and result travel through the task's result storage
 (``$CONDUCTOR_HOME/results``), so client and server share the conductor home; paths in the
 request (``--pool``, an adapter directory) are made absolute by the client.
@@ -196,8 +199,10 @@ def serve(pool: Any, limit: int = 4, on_ready: Any = None) -> None:
     # The request's own task-run lines ("Finished in state ...") have no flow run to go to;
     # the flow run it starts logs to the API as usual.
     warnings.filterwarnings("ignore", message=r"Logger 'prefect\.task_runs' attempted to send")
+    from flows.fanout import fleet_question  # an eval's questions (``eval --fan-out``)
+
     try:
-        serve_tasks(served_request, limit=limit)
+        serve_tasks(served_request, fleet_question, limit=limit)
     finally:
         _remove_marker(path)
 

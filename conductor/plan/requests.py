@@ -155,6 +155,13 @@ class EvalRequest(BaseModel):
         default_factory=dict, description="Extra MLflow run tags (e.g. mlflow.parentRunId)."
     )
     run_name: str | None = Field(default=None, description="MLflow run name; default the strategy.")
+    fan_out: bool = Field(
+        default=False,
+        description="Hand each question to the fleet: any `conductor serve` on any host "
+        "(Prefect background task runs); needs a Prefect server and storage blocks every host "
+        "reads (PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK, "
+        "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK).",
+    )
 
 
 class EvalResult(BaseModel):
