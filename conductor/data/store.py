@@ -30,6 +30,10 @@ so plain ``pandas.read_parquet``, ``pyarrow.dataset`` and DuckDB
   final name; the next write or compaction from
   this home sends it (:meth:`ArtifactStore.flush`), and a retry of the same batch is not
   written twice. Readers see spooled rows once they are sent.
+
+The tables' names, schemas and result types are in :mod:`conductor.data._tables`, the
+compaction lock in :mod:`conductor.data._compaction_lock`, the object-store helpers in
+:mod:`conductor.data.object_store`; this module is the store itself.
 """
 
 from __future__ import annotations
@@ -39,10 +43,9 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,6 +53,16 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from conductor.data import _compaction_lock
+from conductor.data._tables import (
+    SCHEMAS,
+    SORT,
+    TABLES,
+    CompactResult,
+    StoreSummary,
+    TableName,
+    conform_pairs,
+)
 from conductor.data.object_store import (
     Spool,
     fsync_dir,
@@ -60,7 +73,7 @@ from conductor.data.object_store import (
     transient,
     vanished,
 )
-from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
+from conductor.data.records import RunRecord, StepRecord
 from conductor.errors import StoreError, StoreUnavailableError
 from conductor.home import artifacts_location
 
@@ -76,52 +89,13 @@ __all__ = [
     "s3_filesystem",
 ]
 
-TableName = Literal["runs", "steps", "pairs"]
-TABLES: tuple[TableName, ...] = ("runs", "steps", "pairs")
 Filter = pc.Expression | list[Any] | None
 
-_SCHEMAS: dict[str, pa.Schema] = {"runs": RUNS_SCHEMA, "steps": STEPS_SCHEMA, "pairs": PAIRS_SCHEMA}
-_SORT = {
-    "runs": [("created_at", "ascending"), ("run_id", "ascending")],
-    "steps": [("run_id", "ascending"), ("step", "ascending")],
-    "pairs": [("created_at", "ascending"), ("pair_id", "ascending")],
-}
-# Pair columns a trainer cannot do without (``margin`` and the run ids may be null).
-_PAIRS_NOT_NULL = ("pair_id", "question_id", "input", "chosen", "rejected", "source", "split")
-_SPLITS = ("train", "test")
 _REPLACES = b"conductor.replaces"
-_LOCK = ".compact.lock"
-_STALE_LOCK_S = 600.0  # a compaction holding the lock longer than this is presumed dead
 _STALE_TMP_S = 3600.0  # a .tmp- file this old belongs to a killed writer
 _READ_ATTEMPTS = 60
 _RETRY_S = 15.0  # default budget of retries while an object store is unreachable
-_LOCK_SETTLE_S = 0.2  # object stores: wait, then read the lock back (the last PUT wins)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class StoreSummary:
-    """Counts over the whole store. Tokens and cost come from the ``runs`` table (run totals)."""
-
-    runs: int
-    steps: int
-    failed_runs: int
-    failed_steps: int
-    skipped_steps: int
-    input_tokens: int
-    output_tokens: int
-    cost_usd: float | None  # None when no run has a known cost
-    files: Mapping[str, int]  # live data files per table
-
-
-@dataclass(frozen=True)
-class CompactResult:
-    """Per table: live files before and after, and rows rewritten (0 when nothing was merged)."""
-
-    files_before: dict[str, int]
-    files_after: dict[str, int]
-    rows: dict[str, int]
-    busy: tuple[str, ...] = ()  # tables skipped because another compaction holds the lock
 
 
 def _reraise(e: Exception, message: str) -> NoReturn:
@@ -221,7 +195,7 @@ class ArtifactStore:
             delay = min(delay * 2, 5.0)
 
     def table_path(self, table: TableName) -> str:
-        if table not in _SCHEMAS:
+        if table not in SCHEMAS:
             raise StoreError(
                 f"unknown table {table!r} in {self._root}: expected 'runs', 'steps' or 'pairs'"
             )
@@ -240,7 +214,7 @@ class ArtifactStore:
             ("steps", [s.model_dump() for s in steps]),
         ):
             if rows:
-                data = pa.Table.from_pylist(rows, schema=_SCHEMAS[table]).sort_by(_SORT[table])
+                data = pa.Table.from_pylist(rows, schema=SCHEMAS[table]).sort_by(SORT[table])
                 batch.append((table, data))
         return self._publish(batch)
 
@@ -252,42 +226,10 @@ class ArtifactStore:
         any order and of any type that casts safely (``reward_model.pairs.pairs_table`` builds
         one); the text columns and ``split`` ("train"/"test") must not be null.
         """
-        data = self._conform_pairs(table)
+        data = conform_pairs(table, f"cannot write pairs to {self.table_path('pairs')}")
         if data.num_rows == 0:
             return None
-        return self._publish([("pairs", data.sort_by(_SORT["pairs"]))])[0]
-
-    def _conform_pairs(self, table: pa.Table) -> pa.Table:
-        where = f"cannot write pairs to {self.table_path('pairs')}"
-        if not isinstance(table, pa.Table):
-            raise StoreError(f"{where}: expected a pyarrow.Table, got {type(table).__name__}")
-        names = table.column_names
-        missing = [n for n in PAIRS_SCHEMA.names if n not in names]
-        extra = sorted({n for n in names if n not in PAIRS_SCHEMA.names or names.count(n) > 1})
-        if missing or extra:
-            raise StoreError(
-                f"{where}: columns must match PAIRS_SCHEMA; missing {missing}, "
-                f"unexpected or repeated {extra}"
-            )
-        columns = []
-        for field in PAIRS_SCHEMA:
-            column = table[field.name]
-            try:
-                columns.append(column.cast(field.type))
-            except pa.ArrowException as e:
-                raise StoreError(
-                    f"{where}: column {field.name!r} is {column.type}, expected {field.type} ({e})"
-                ) from e
-            if field.name in _PAIRS_NOT_NULL and column.null_count:
-                raise StoreError(
-                    f"{where}: column {field.name!r} has {column.null_count} null value(s)"
-                )
-        data = pa.Table.from_arrays(columns, schema=PAIRS_SCHEMA)
-        bad = pc.invert(pc.is_in(data["split"], value_set=pa.array(_SPLITS)))
-        if pc.any(bad).as_py():
-            found = sorted(set(pc.filter(data["split"], bad).to_pylist()))
-            raise StoreError(f"{where}: column 'split' must be 'train' or 'test', got {found}")
-        return data
+        return self._publish([("pairs", data.sort_by(SORT["pairs"]))])[0]
 
     def _put(
         self, table: str, data: pa.Table, prefix: str, check: Callable[[], None] | None = None
@@ -451,7 +393,7 @@ class ArtifactStore:
         # Sizes from the listing spare one stat (a HEAD request on S3) per file.
         fmt, paths = ds.ParquetFileFormat(), [f"{self._dir(table)}/{n}" for n in names]
         fragments = [fmt.make_fragment(p, self.fs, file_size=self._sizes.get(p)) for p in paths]
-        dataset = ds.FileSystemDataset(fragments, _SCHEMAS[table], fmt, self.fs)
+        dataset = ds.FileSystemDataset(fragments, SCHEMAS[table], fmt, self.fs)
         return dataset.to_table(columns=columns, filter=expr)
 
     def _settled(self, table: str, seen: set[str]) -> bool:
@@ -528,7 +470,7 @@ class ArtifactStore:
         self.flush()
         before, after, rows, busy = {}, {}, {}, []
         for t in TABLES if table is None else (table,):
-            lock = f"{self._dir(t)}/{_LOCK}"
+            lock = f"{self._dir(t)}/{_compaction_lock.LOCK}"
             token = self._retry(f"lock {t} to compact it", self._acquire, lock)
             if token is None:
                 busy.append(t)
@@ -555,7 +497,7 @@ class ArtifactStore:
         if len(live) < min_files:
             return len(live), len(live), 0
         try:
-            data = self._load(table, live, None, None).sort_by(_SORT[table])
+            data = self._load(table, live, None, None).sort_by(SORT[table])
         except (OSError, pa.ArrowException) as e:
             _reraise(e, f"cannot read {self.table_path(table)} to compact it")
         data = data.replace_schema_metadata({_REPLACES: json.dumps(live).encode()})
@@ -582,44 +524,17 @@ class ArtifactStore:
         with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
             list(pool.map(remove, paths))
 
+    # The compaction lock (conductor.data._compaction_lock), as methods a test can replace.
+
     def _token(self, lock: str) -> str | None:
-        try:
-            with self.fs.open_input_stream(lock) as f:
-                return f.read().decode()
-        except FileNotFoundError:
-            return None
+        return _compaction_lock.holder(self.fs, lock)
 
     def _acquire(self, lock: str) -> str | None:
-        """Take a table's compaction lock; None while a live compaction holds it.
-
-        Locally ``O_CREAT | O_EXCL`` makes this exclusive. Object stores have no exclusive
-        create: there the lock is written, then read back a moment later (the last PUT wins, so
-        of two racers at most one sees its own token), and a compactor checks it again just
-        before publishing. Two compactors can then both proceed only if one stalls for longer
-        than a whole compaction between its check and its PUT; :meth:`_live` makes even that
-        harmless to readers.
-        """
-        token = uuid.uuid4().hex
+        """Take a table's compaction lock; None while a live compaction holds it."""
         try:
-            self._mkdir(lock.rsplit("/", 1)[0])
-            info = self.fs.get_file_info(lock)
-            if info.type != pafs.FileType.NotFound:
-                if info.mtime is None or time.time() - info.mtime.timestamp() < _STALE_LOCK_S:
-                    return None
-                self._remove([lock])  # stale: its holder died
-            if not self._local:
-                with self.fs.open_output_stream(lock) as out:
-                    out.write(token.encode())
-                time.sleep(_LOCK_SETTLE_S)
-                return token if self._token(lock) == token else None
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:  # another compactor won the race
-            return None
+            return _compaction_lock.acquire(self.fs, lock)
         except (OSError, pa.ArrowException) as e:
             _reraise(e, f"cannot take compaction lock {lock}")
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        return token
 
     def _release(self, lock: str, token: str) -> None:
         if self._token(lock) == token:
