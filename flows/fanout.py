@@ -223,9 +223,9 @@ class Fleet:
         TaskRunWaiter.instance()  # subscribed to task-run events before the first send
         self._context = contextvars.copy_context()  # the eval's flow run, for resends
         try:
-            self._log: Any = get_run_logger()
-        except Exception:  # noqa: BLE001 - outside a run: a plain logger
-            self._log = _log
+            self._run_log: Any = get_run_logger()
+        except Exception:  # noqa: BLE001 - outside a run: the terminal only
+            self._run_log = None
         self._pending: dict[uuid.UUID, FleetFuture] = {}  # by the current send's task run
         self._ended: queue.SimpleQueue[uuid.UUID] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -236,6 +236,13 @@ class Fleet:
         self._told_waiting = False
         self.concurrency = concurrency
         self.resent = 0
+
+    def _warn(self, message: str) -> None:
+        """A fleet fault, on the terminal (``conductor: …``: the CLI hides the runs' own log
+        lines) and in the eval's flow run log (the UI)."""
+        _log.warning(message)
+        if self._run_log is not None:
+            self._run_log.warning(message)
 
     # the call that flows/evaluate.py makes in place of eval_question.submit
     def submit(self, request: OrchestrateRequest) -> FleetFuture:
@@ -279,7 +286,7 @@ class Fleet:
                 try:
                     self._check()
                 except Exception as exc:  # noqa: BLE001 - the API hiccuped: look again later
-                    self._log.warning(f"fan-out: could not check the fleet: {exc}")
+                    self._warn(f"fan-out: could not check the fleet: {exc}")
             with self._lock:
                 if not self._pending and self._ended.empty():
                     self._thread = None
@@ -312,7 +319,7 @@ class Fleet:
             outcome = exc
         if isinstance(outcome, BaseException):
             qid = future.request.question_id
-            self._log.warning(f"fan-out: question {qid} failed on the fleet: {_line(outcome)}")
+            self._warn(f"fan-out: question {qid} failed on the fleet: {_line(outcome)}")
         future.finish(outcome)
 
     def _check(self) -> None:
@@ -335,7 +342,10 @@ class Fleet:
                 flt = TaskRunFilter(id=TaskRunFilterId(any_=ids[start : start + 200]))
                 runs.update({r.id: r for r in client.read_task_runs(task_run_filter=flt)})
         now = time.monotonic()
-        for worker in self._live | set(self._missing):
+        owners = {_owner(run) for run in runs.values()} - {None}
+        # A worker that owns an in-flight run counts even if no check saw it alive (it took
+        # the run and died between two checks).
+        for worker in self._live | set(self._missing) | owners:
             self._missing[worker] = 0 if worker in live else self._missing.get(worker, 0) + 1
         # Absent from two checks in a row (the server forgets a worker for an instant
         # after each delivery): dead.
@@ -352,7 +362,7 @@ class Fleet:
             if run is not None and run.state is not None and run.state.is_final():
                 self._settle(task_run_id, run.state)  # its event was missed
                 continue
-            owner = run.name.rsplit(_ON, 1)[1] if run is not None and _ON in run.name else None
+            owner = _owner(run)
             if owner in live:
                 continue
             if run is None:  # deleted by a worker that could not read its parameters
@@ -375,7 +385,7 @@ class Fleet:
             waited = now - self._no_worker_since
             if not self._told_waiting and in_flight:
                 self._told_waiting = True
-                self._log.warning(
+                self._warn(
                     "fan-out: no `conductor serve` is subscribed to this Prefect server; "
                     f"waiting up to {NO_WORKER_S:.0f} s for one"
                 )
@@ -394,15 +404,20 @@ class Fleet:
         qid = future.request.question_id
         if future.tries >= MAX_TRIES:
             message = f"question {qid}: {why}; sent {future.tries} times, giving up"
-            self._log.warning(f"fan-out: {message}")
+            self._warn(f"fan-out: {message}")
             future.finish(FanOutError(message))
             return
         self.resent += 1
-        self._log.warning(f"fan-out: question {qid}: {why}; sending it again")
+        self._warn(f"fan-out: question {qid}: {why}; sending it again")
         try:
             self._send(future)
         except Exception as exc:  # noqa: BLE001 - the API is down: this question fails
             future.finish(exc)
+
+
+def _owner(run: Any) -> str | None:
+    """The worker id in a sent question's task run name (set when a worker starts it)."""
+    return run.name.rsplit(_ON, 1)[1] if run is not None and _ON in run.name else None
 
 
 def _mark_crashed(task_run_id: uuid.UUID, message: str) -> None:
