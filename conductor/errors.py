@@ -14,6 +14,8 @@ __all__ = [
     "WorkerError",
     "StoreError",
     "StoreUnavailableError",
+    "TrackingError",
+    "TrackingUnavailableError",
 ]
 
 
@@ -30,12 +32,22 @@ class PoolConfigError(ConductorError):
 
 
 class StoreError(ConductorError):
-    """The artifact store cannot be read or written."""
+    """A store cannot be read or written: the artifact store (Parquet, local or on an object
+    store) or MLflow's tracking store (``TrackingError``). A runtime failure: the CLI exits 1."""
 
 
 class StoreUnavailableError(StoreError):
     """The artifact store's server stayed unreachable through every retry (an outage, not a
     bad path or a refused credential)."""
+
+
+class TrackingError(StoreError):
+    """MLflow's tracking store cannot be written (a bad setting, an unreachable server)."""
+
+
+class TrackingUnavailableError(TrackingError):
+    """The MLflow tracking server stayed unreachable through every retry (an outage, not a
+    refused request)."""
 
 
 class WorkerError(ConductorError):

@@ -44,7 +44,7 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from conductor.errors import StoreError
+from conductor.errors import TrackingError, TrackingUnavailableError
 from conductor.home import mlflow_artifacts_dir, mlflow_tracking_uri
 
 __all__ = [
@@ -67,15 +67,6 @@ _ALREADY_EXISTS = "RESOURCE_ALREADY_EXISTS"
 _RETRY_S = 15.0  # default budget of retries while the tracking server is unreachable
 _PROBE_TIMEOUT_S = 3.0  # one GET /health; a server that accepts but never answers is down
 _DOWN_STATUS = frozenset({502, 503, 504})  # a proxy in front of a server that is not up
-
-
-class TrackingError(StoreError):
-    """MLflow's tracking store cannot be written (a bad setting, an unreachable server)."""
-
-
-class TrackingUnavailableError(TrackingError):
-    """The MLflow tracking server stayed unreachable through every retry (an outage, not a
-    refused request)."""
 
 
 def tracking_uri() -> str:

@@ -192,3 +192,14 @@ class _State:
 def test_prefect_does_not_retry_a_write_that_already_waited():
     assert not retry_unless_unreachable(None, None, _State(TrackingUnavailableError("down")))
     assert retry_unless_unreachable(None, None, _State(RuntimeError("database is locked")))
+
+
+def test_the_tracking_errors_live_with_the_other_errors():
+    import conductor.errors
+
+    # One error root (conductor/errors.py); tasks.tracking keeps its names importable.
+    assert TrackingUnavailableError is conductor.errors.TrackingUnavailableError
+    assert TrackingError is conductor.errors.TrackingError
+    assert issubclass(TrackingUnavailableError, TrackingError)
+    assert issubclass(TrackingError, StoreError)  # a runtime failure: the CLI exits 1
+    assert not issubclass(TrackingUnavailableError, conductor.errors.StoreUnavailableError)
