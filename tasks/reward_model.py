@@ -4,6 +4,11 @@ The training is one MLflow run in experiment ``train/orchrm``: parameters, TRL's
 (``report_to="mlflow"``), pair statistics per source, a sample table of held-out pairs with
 their scores, and the model, registered as ``orchrm`` (alias ``candidate``; ``champion``
 only when it beats the champion on the same held-out pairs).
+
+A tracking server or an object store that is down (issue #19): every MLflow write here, TRL's
+callback included, runs under ``tasks.tracking.tracking_server`` (a bounded wait, then one
+line), and the tasks that retry do not retry a server that stayed unreachable
+(``retry_unless_unreachable``): the write already waited for it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ from reward_model.pairs import (
     build_pairs,
     pairs_table,
 )
-from tasks.tracking import mlflow_experiment, register_version, tracking_uri
+from tasks.tracking import (
+    mlflow_experiment,
+    model_version_by_alias,
+    register_version,
+    retry_unless_unreachable,
+    tracking_server,
+    tracking_uri,
+)
 from tasks.training import use_all_cores
 
 if TYPE_CHECKING:
@@ -146,7 +158,13 @@ def build_reward_pairs(request: RewardModelRequest, pool: Pool, pair_set: str) -
     )
 
 
-@task(cache_policy=NO_CACHE, name="store-pairs", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="store-pairs",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,  # the store already waited for its server
+)
 def store_pairs(built: BuiltPairs, artifacts: str | None) -> str | None:
     """Append the new pairs to the store's ``pairs`` table (one atomic file)."""
     return ArtifactStore(artifacts).write_pairs(built.table)
@@ -174,12 +192,15 @@ def train_on_pairs(
     started = time.perf_counter()
     # TRL's callback logs into the active run: a nested one, so the trainer's own parameters
     # never collide with the request's parameters on the parent run.
-    with mlflow.start_run(
-        experiment_id=mlflow_experiment(mlflow, EXPERIMENT),
-        run_name="reward-trainer",
-        nested=True,
-        parent_run_id=run_id,
-        tags={"stage": "reward-trainer"},
+    with (
+        tracking_server("log stage reward-trainer"),
+        mlflow.start_run(
+            experiment_id=mlflow_experiment(mlflow, EXPERIMENT),
+            run_name="reward-trainer",
+            nested=True,
+            parent_run_id=run_id,
+            tags={"stage": "reward-trainer"},
+        ),
     ):
         mlflow.log_param("pairs", len(rows))
         result = trainer.train()
@@ -304,16 +325,18 @@ class Registration:
 
 def champion_ref() -> str | None:
     """``models:/orchrm@champion`` if a champion exists, else None."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        _mlflow().MlflowClient().get_model_version_by_alias(MODEL_NAME, "champion")
-    except MlflowException:
+    if model_version_by_alias(_mlflow().MlflowClient(), MODEL_NAME, "champion") is None:
         return None
     return f"models:/{MODEL_NAME}@champion"
 
 
-@task(cache_policy=NO_CACHE, name="register-orchrm", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="register-orchrm",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
 def register_reward_model(
     run_id: str,
     model_dir: Path,
@@ -334,11 +357,18 @@ def register_reward_model(
         and (not has_champion or (champion_accuracy is not None and accuracy > champion_accuracy))
     )
     if promoted:
-        client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
+        with tracking_server(f"promote {MODEL_NAME} version {version.version} to champion"):
+            client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
     return Registration(str(version.version), promoted, champion_accuracy)
 
 
-@task(cache_policy=NO_CACHE, name="log-pair-stats", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="log-pair-stats",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
 def log_pair_stats(run_id: str, built: BuiltPairs, accuracy: Accuracy | None) -> None:
     """Pair statistics and the held-out accuracy (overall and per source) into the run."""
     mlflow = _mlflow()
@@ -365,39 +395,59 @@ def log_pair_stats(run_id: str, built: BuiltPairs, accuracy: Accuracy | None) ->
             metrics[f"pairwise_accuracy.{source}"] = v
         metrics["scores_per_s"] = accuracy.scores_per_s
     stamp = int(time.time() * 1000)
-    client.log_batch(
-        run_id, metrics=[mlflow.entities.Metric(k, float(v), stamp, 0) for k, v in metrics.items()]
-    )
-    client.log_dict(run_id, stats, "pair_stats.json")
+    table = None
     if accuracy is not None and accuracy.sample:
         keys = ["source", "question_id", "input", "chosen", "rejected"]
         keys += ["score_chosen", "score_rejected"]
         table = {k: [s[k] for s in accuracy.sample] for k in keys}
-        client.log_table(run_id, table, artifact_file="heldout_pairs_scored.json")
-
-
-@task(cache_policy=NO_CACHE, name="start-rm-run", retries=2, retry_delay_seconds=1)
-def start_rm_run(request: RewardModelRequest, tags: dict[str, str]) -> str:
-    mlflow = _mlflow()
-    experiment_id = mlflow_experiment(mlflow, EXPERIMENT)
-    client = mlflow.MlflowClient()
-    run = client.create_run(experiment_id, run_name="train-rm", tags=tags)
-    params = request.model_dump(exclude={"output_dir"})
-    client.log_batch(
-        run.info.run_id,
-        params=[mlflow.entities.Param(k, "" if v is None else str(v)) for k, v in params.items()],
-    )
-    return run.info.run_id
-
-
-@task(cache_policy=NO_CACHE, name="finish-rm-run", retries=2, retry_delay_seconds=1)
-def finish_rm_run(run_id: str, status: str, metrics: dict[str, float] | None = None) -> None:
-    mlflow = _mlflow()
-    client = mlflow.MlflowClient()
-    if metrics:
-        stamp = int(time.time() * 1000)
+    with tracking_server(f"log pair statistics to run {run_id}"):
         client.log_batch(
             run_id,
             metrics=[mlflow.entities.Metric(k, float(v), stamp, 0) for k, v in metrics.items()],
         )
-    client.set_terminated(run_id, status=status)
+        client.log_dict(run_id, stats, "pair_stats.json")
+        if table is not None:
+            client.log_table(run_id, table, artifact_file="heldout_pairs_scored.json")
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="start-rm-run",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
+def start_rm_run(request: RewardModelRequest, tags: dict[str, str]) -> str:
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient()
+    params = request.model_dump(exclude={"output_dir"})
+    with tracking_server(f"open the training run in experiment {EXPERIMENT}"):
+        experiment_id = mlflow_experiment(mlflow, EXPERIMENT)
+        run = client.create_run(experiment_id, run_name="train-rm", tags=tags)
+        client.log_batch(
+            run.info.run_id,
+            params=[
+                mlflow.entities.Param(k, "" if v is None else str(v)) for k, v in params.items()
+            ],
+        )
+    return run.info.run_id
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="finish-rm-run",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
+def finish_rm_run(run_id: str, status: str, metrics: dict[str, float] | None = None) -> None:
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient()
+    stamp = int(time.time() * 1000)
+    with tracking_server(f"finish training run {run_id} ({status})"):
+        if metrics:
+            client.log_batch(
+                run_id,
+                metrics=[mlflow.entities.Metric(k, float(v), stamp, 0) for k, v in metrics.items()],
+            )
+        client.set_terminated(run_id, status=status)

@@ -44,7 +44,7 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from conductor.errors import TrackingError, TrackingUnavailableError
+from conductor.errors import StoreUnavailableError, TrackingError, TrackingUnavailableError
 from conductor.home import mlflow_artifacts_dir, mlflow_tracking_uri
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "experiment_artifact_location",
     "log_eval",
     "mlflow_experiment",
+    "model_version_by_alias",
     "register_version",
     "retry_unless_unreachable",
     "tracking_retry_s",
@@ -183,11 +184,12 @@ def tracking_server(what: str, uri: str | None = None) -> Iterator[None]:
 
 
 def retry_unless_unreachable(task: Any, task_run: Any, state: Any) -> bool:
-    """A Prefect ``retry_condition_fn``: retry a failed MLflow write, except when the server
-    stayed unreachable (the write already waited ``CONDUCTOR_MLFLOW_RETRY_S`` for it)."""
+    """A Prefect ``retry_condition_fn``: retry a failed write, except when its server stayed
+    unreachable: the write already waited for it (``CONDUCTOR_MLFLOW_RETRY_S`` for MLflow,
+    ``CONDUCTOR_ARTIFACTS_RETRY_S`` for the artifact store), and each retry would wait again."""
     try:
         state.result()
-    except TrackingUnavailableError:
+    except (TrackingUnavailableError, StoreUnavailableError):
         return False
     except Exception:  # noqa: BLE001 - e.g. sqlite's "database is locked": worth a retry
         return True
@@ -299,6 +301,21 @@ def log_eval(
             run_id, RunStatus.to_string(RunStatus.FINISHED), end_time=_ms(ended_at)
         )
     return run_id
+
+
+def model_version_by_alias(client: Any, name: str, alias: str) -> Any | None:
+    """The version of registered model ``name`` that ``alias`` points at, None if there is
+    none. A tracking server that is down is waited for, then is one
+    :class:`TrackingUnavailableError` line: never read as "no such alias"."""
+    from mlflow.exceptions import MlflowException
+
+    with tracking_server(f"read model {name}@{alias}", _uri_of(client)):
+        try:
+            return client.get_model_version_by_alias(name, alias)
+        except MlflowException as missing:
+            if _unreachable(missing):
+                raise
+            return None
 
 
 def register_version(

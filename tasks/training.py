@@ -5,6 +5,11 @@ experiment ``train/conductor``; TRL's own MLflow callback (``report_to="mlflow"`
 stage's curves into it (loss, reward, reward std, completion length, the rewards' own
 ``format_valid`` and ``accuracy``). The adapters are PEFT directories with
 ``conductor.json`` (``conductor.adapters``), so serving loads exactly what was trained.
+
+A tracking server that is down (issue #19): every MLflow write here, TRL's callback included,
+runs under ``tasks.tracking.tracking_server``, so it waits ``CONDUCTOR_MLFLOW_RETRY_S`` for
+the server and then fails in one line; the tasks that retry do not retry that failure
+(``retry_unless_unreachable``), which would wait the window again each time.
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ from conductor.training.config import (
     should_promote,
 )
 from conductor.training.rewards import ExecutedPlanReward, TokenCostPenalty
-from tasks.tracking import mlflow_experiment, register_version, tracking_uri
+from tasks.tracking import (
+    mlflow_experiment,
+    model_version_by_alias,
+    register_version,
+    retry_unless_unreachable,
+    tracking_server,
+    tracking_uri,
+)
 
 __all__ = [
     "EXPERIMENT",
@@ -69,34 +81,51 @@ def use_all_cores() -> None:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
 
 
-@task(cache_policy=NO_CACHE, name="start-training-run", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="start-training-run",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
 def start_training_run(request: TrainConductorRequest, tags: dict[str, str]) -> str:
     """Open the MLflow run of this training (experiment ``train/conductor``)."""
     mlflow = _mlflow()
-    experiment_id = mlflow_experiment(mlflow, EXPERIMENT)
-    run = mlflow.MlflowClient().create_run(experiment_id, run_name="train-conductor", tags=tags)
+    client = mlflow.MlflowClient()
     params = request.model_dump(exclude={"output_dir"})
-    mlflow.MlflowClient().log_batch(
-        run.info.run_id,
-        params=[mlflow.entities.Param(k, "" if v is None else str(v)) for k, v in params.items()],
-    )
+    with tracking_server(f"open the training run in experiment {EXPERIMENT}"):
+        experiment_id = mlflow_experiment(mlflow, EXPERIMENT)
+        run = client.create_run(experiment_id, run_name="train-conductor", tags=tags)
+        client.log_batch(
+            run.info.run_id,
+            params=[
+                mlflow.entities.Param(k, "" if v is None else str(v)) for k, v in params.items()
+            ],
+        )
     return run.info.run_id
 
 
-@task(cache_policy=NO_CACHE, name="finish-training-run", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="finish-training-run",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
 def finish_training_run(run_id: str, metrics: dict[str, float | None], status: str) -> None:
     mlflow = _mlflow()
     client = mlflow.MlflowClient()
     stamp = int(time.time() * 1000)
-    client.log_batch(
-        run_id,
-        metrics=[
-            mlflow.entities.Metric(k, float(v), stamp, 0)
-            for k, v in metrics.items()
-            if v is not None
-        ],
-    )
-    client.set_terminated(run_id, status=status)
+    with tracking_server(f"finish training run {run_id} ({status})"):
+        client.log_batch(
+            run_id,
+            metrics=[
+                mlflow.entities.Metric(k, float(v), stamp, 0)
+                for k, v in metrics.items()
+                if v is not None
+            ],
+        )
+        client.set_terminated(run_id, status=status)
 
 
 def _stage_run(mlflow: Any, stage: str, parent_run_id: str) -> Any:
@@ -148,7 +177,8 @@ def warm_start_train(
         peft_config=lora_config(request),
     )
     started = time.perf_counter()
-    with _stage_run(mlflow, stage, parent_run_id):
+    # TRL's callback logs the curves during train(): a server lost then is one line too.
+    with tracking_server(f"log stage {stage}"), _stage_run(mlflow, stage, parent_run_id):
         mlflow.log_param("warm_start_examples", len(rows))
         result = trainer.train()
         mlflow.log_metric("stage_wall_s", time.perf_counter() - started)
@@ -239,7 +269,7 @@ def grpo_train(
         peft_config=peft_config,
     )
     started = time.perf_counter()
-    with _stage_run(mlflow, "grpo", parent_run_id):
+    with tracking_server("log stage grpo"), _stage_run(mlflow, "grpo", parent_run_id):
         result = trainer.train()
         wall = time.perf_counter() - started
         mlflow.log_metric("stage_wall_s", wall)
@@ -276,18 +306,21 @@ class Registration:
 
 def _champion_accuracy(client: Any, signature: str) -> tuple[bool, float | None]:
     """(a champion exists, its held-out accuracy on ``signature``'s questions, if known)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        champion = client.get_model_version_by_alias(MODEL_NAME, "champion")
-    except MlflowException:
+    champion = model_version_by_alias(client, MODEL_NAME, "champion")
+    if champion is None:
         return False, None
     if champion.tags.get("heldout") != signature:
         return True, None
     return True, float(champion.tags["heldout_accuracy"])
 
 
-@task(cache_policy=NO_CACHE, name="register-conductor", retries=2, retry_delay_seconds=1)
+@task(
+    cache_policy=NO_CACHE,
+    name="register-conductor",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
 def register_conductor(
     run_id: str,
     adapter_dir: Path,
@@ -320,7 +353,8 @@ def register_conductor(
     promoted = promote and champion_accuracy is not None
     promoted = promoted and should_promote(accuracy, champion_accuracy)
     if promoted:
-        client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
+        with tracking_server(f"promote {MODEL_NAME} version {version.version} to champion"):
+            client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
     return Registration(str(version.version), champion_accuracy, promoted)
 
 
