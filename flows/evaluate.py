@@ -117,6 +117,14 @@ def _run_name() -> str:
     return f"eval · {_dataset_name(dataset)} · {strategy}"
 
 
+def _said(result: EvalResult) -> str:
+    """``single:calculator on arithmetic: accuracy 67.0% (134/200), 0 failed``."""
+    return (
+        f"{result.strategy} on {result.dataset}: accuracy {result.accuracy:.1%} "
+        f"({result.correct}/{result.n}), {result.failed} failed"
+    )
+
+
 def _drain(finished: queue.SimpleQueue[PrefectFuture], wait_s: float) -> list[PrefectFuture]:
     """The futures of questions that finished, waiting up to ``wait_s`` for the first."""
     done = []
@@ -234,27 +242,6 @@ def evaluate(request: EvalRequest) -> EvalResult:
         metrics[f"pass_at_{request.samples}"] = pass_at_k
     metrics["wall_s"] = time.perf_counter() - started
     experiment = request.experiment or f"eval/{_dataset_name(request.dataset)}"
-    mlflow_run_id = log_eval(
-        experiment,
-        request.run_name or strategy,
-        params={
-            "pool": request.pool or "embedded:local",
-            "strategy": strategy,
-            "dataset": request.dataset,
-            "split": request.split,
-            "limit": request.limit,
-            "concurrency": request.concurrency,
-            "samples": request.samples,
-            "seed": request.seed,
-            "conductor": request.conductor,
-            "rm": request.rm,
-        },
-        metrics=metrics,
-        rows=rows,
-        tags={"eval_id": eval_id, **request.mlflow_tags},
-        started_at=started_at,
-        ended_at=time.time(),
-    )
     result = EvalResult(
         eval_id=eval_id,
         dataset=request.dataset,
@@ -271,15 +258,46 @@ def evaluate(request: EvalRequest) -> EvalResult:
         mean_input_tokens=metrics["mean_input_tokens"],
         mean_output_tokens=metrics["mean_output_tokens"],
         mean_cost_usd=metrics["mean_cost_usd"],
-        wall_s=round(time.perf_counter() - started, 3),
+        wall_s=round(metrics["wall_s"], 3),
         format_valid_rate=metrics["format_valid_rate"],
         mlflow_experiment=experiment,
-        mlflow_run_id=mlflow_run_id,
+        mlflow_run_id=None,
         artifacts=request.artifacts or artifacts_location(),
     )
-    publish_eval_summary(result)
-    get_run_logger().info(
-        f"{strategy} on {request.dataset}: accuracy {result.accuracy:.1%} "
-        f"({result.correct}/{result.n}), {result.failed} failed; MLflow run {mlflow_run_id}"
+    try:
+        mlflow_run_id = log_eval(
+            experiment,
+            request.run_name or strategy,
+            params={
+                "pool": request.pool or "embedded:local",
+                "strategy": strategy,
+                "dataset": request.dataset,
+                "split": request.split,
+                "limit": request.limit,
+                "concurrency": request.concurrency,
+                "samples": request.samples,
+                "seed": request.seed,
+                "conductor": request.conductor,
+                "rm": request.rm,
+            },
+            metrics=metrics,
+            rows=rows,
+            tags={"eval_id": eval_id, **request.mlflow_tags},
+            started_at=started_at,
+            ended_at=time.time(),
+        )
+    except Exception as exc:
+        # MLflow down (issue #19): the runs are stored and the eval-runs table published;
+        # the summary (without an MLflow run id) is kept too, then the eval fails as it must.
+        publish_eval_summary(result)
+        get_run_logger().warning(f"{_said(result)}; not logged to MLflow: {exc}")
+        raise
+    result = result.model_copy(
+        update={
+            "mlflow_run_id": mlflow_run_id,
+            "wall_s": round(time.perf_counter() - started, 3),
+        }
     )
+    publish_eval_summary(result)
+    get_run_logger().info(f"{_said(result)}; MLflow run {mlflow_run_id}")
     return result

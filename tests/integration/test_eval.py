@@ -238,3 +238,48 @@ def test_eval_shows_its_name_progress_summary_and_result_in_prefect(setup, capsy
     assert summary.description == "single:oracle: accuracy 75.0% (3/4), 0 failed"
 
     assert "\r" not in capsys.readouterr().err  # no progress bar: stderr is not a terminal
+
+
+def test_an_mlflow_outage_keeps_the_runs_and_the_summary(setup, monkeypatch):
+    """MLflow down at the end of an eval (issue #19): the eval fails in one line naming the
+    server, but its runs are stored and its eval-runs and eval-summary artifacts exist."""
+    import socket
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from conductor.errors import TrackingUnavailableError
+    from flows.evaluate import evaluate
+
+    data, pool, tmp_path = setup
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "1")
+    request = EvalRequest(
+        dataset=str(data),
+        strategy="single:oracle",
+        pool=str(pool),
+        concurrency=2,
+        artifacts=str(tmp_path / "art"),
+    )
+    state = evaluate(request, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(TrackingUnavailableError, match=r"unreachable \(log eval") as caught:
+        state.result()
+    assert "\n" not in str(caught.value)
+
+    runs = ArtifactStore(str(tmp_path / "art")).read_pandas("runs")
+    assert sorted(runs["question_id"]) == ["q0", "q1", "q2", "q3"]
+    run_id = state.state_details.flow_run_id
+    flt = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+    with get_client(sync_client=True) as client:
+        artifacts = {a.key: a for a in client.read_artifacts(artifact_filter=flt)}
+    assert len(json.loads(artifacts["eval-runs"].data)) == 4
+    summary = artifacts["eval-summary"]
+    rows = {r["metric"]: r["value"] for r in json.loads(summary.data)}
+    assert rows["accuracy"] == pytest.approx(0.75)
+    assert (rows["runs (n)"], rows["correct"], rows["failed runs"]) == (4, 3, 0)
+    assert rows["MLflow experiment"] == "eval/mini" and rows["MLflow run id"] == "n/a"
+    assert summary.description == "single:oracle: accuracy 75.0% (3/4), 0 failed"
