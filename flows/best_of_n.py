@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from typing import Any
 
 import httpx
 from prefect import flow, task
@@ -83,14 +84,19 @@ def _finished(state: State, what: str) -> RunResult:
     raise RuntimeError(f"{what}: {result}")
 
 
-@task(
-    cache_policy=NO_CACHE,
-    name="question",
-    task_run_name="question {request.question_id}",
-    retries=QUESTION_RETRIES,
-    retry_delay_seconds=2,
-    retry_condition_fn=_api_failure,
-)
+# Both kinds of question task: one task run per question, retried only when the Prefect API
+# failed it (``_api_failure``).
+_QUESTION_TASK: dict[str, Any] = {
+    "cache_policy": NO_CACHE,
+    "name": "question",
+    "task_run_name": "question {request.question_id}",
+    "retries": QUESTION_RETRIES,
+    "retry_delay_seconds": 2,
+    "retry_condition_fn": _api_failure,
+}
+
+
+@task(**_QUESTION_TASK)
 def run_question(request: OrchestrateRequest) -> RunResult:
     """One question through its flow (best-of-n or orchestrate); a failed run still returns
     its result."""
@@ -99,15 +105,7 @@ def run_question(request: OrchestrateRequest) -> RunResult:
     return _finished(orchestrate(request, return_state=True), f"question {request.question_id}")
 
 
-@task(
-    cache_policy=NO_CACHE,
-    name="question",
-    task_run_name="question {request.question_id}",
-    retries=QUESTION_RETRIES,
-    retry_delay_seconds=2,
-    retry_condition_fn=_api_failure,
-    persist_result=False,  # the rows go to the artifact store, the summary to the eval
-)
+@task(**_QUESTION_TASK, persist_result=False)  # the rows go to the store, the summary to the eval
 def eval_question(request: OrchestrateRequest) -> RunOutcome | RunResult:
     """An eval's question, in this task run (its id is the run id, the same on a retry): the
     plan's steps are task runs under it, and its rows come back unstored for the eval to
