@@ -19,9 +19,15 @@ model's weight cache, written by the same code that serves ``local/smollm2-135m-
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from conductor.plan.requests import OrchestrateRequest
+from conductor.training.rewards import Rollout
+
+if TYPE_CHECKING:
+    from conductor.data.datasets import Example
 
 __all__ = [
     "LORA_TARGETS",
@@ -32,6 +38,7 @@ __all__ = [
     "load_trainable_base",
     "lora_config",
     "on_gpu",
+    "rollout_request",
     "sft_config",
     "should_promote",
 ]
@@ -280,3 +287,30 @@ def should_promote(candidate: float, champion: float | None) -> bool:
     (True, False, True)
     """
     return champion is None or candidate > champion
+
+
+def rollout_request(
+    request: TrainConductorRequest, item: Example | Rollout, tags: dict[str, str], **fields: Any
+) -> OrchestrateRequest:
+    """The ``orchestrate`` request of one plan run during training: ``item`` (a dataset
+    question, or a sampled rollout with its plan) on the training pool, tagged with ``tags``
+    and the dataset and split it was drawn from; ``fields`` set the rest (``plan_text``,
+    ``conductor``, ``seed``, ...). An invalid plan is an error, never a fallback: it scores 0
+    and nothing runs.
+
+    >>> rollout = Rollout("What is 2 + 3?", "q1", "5", "math", "plan text")
+    >>> r = rollout_request(TrainConductorRequest(), rollout, {"rollout": "0"}, plan_text="p")
+    >>> r.question_id, r.plan_text, r.on_invalid_plan, r.tags["split"]
+    ('q1', 'p', 'error', 'train')
+    """
+    return OrchestrateRequest(
+        question=item.question,
+        pool=request.pool,
+        question_id=item.question_id if isinstance(item, Rollout) else item.id,
+        reference=item.reference,
+        kind=item.kind,  # type: ignore[arg-type]  # a rollout's kind is a plain str
+        meta=item.meta,
+        on_invalid_plan="error",
+        tags={**tags, "dataset": request.dataset, "split": request.split},
+        **fields,
+    )
