@@ -190,3 +190,27 @@ def test_a_local_store_still_records_the_training_run(monkeypatch, tmp_path: Pat
     assert run.info.status == "FINISHED" and run.data.metrics == {"accuracy": 0.5}
     assert run.data.params["dataset"] == "arithmetic" and run.data.tags["who"] == "test"
     assert not training.champion_exists()  # no champion: a real "none", not an outage
+
+
+def test_a_local_store_still_registers_and_promotes(monkeypatch, tmp_path: Path):
+    """The champion reads and the alias writes, on the embedded store: a first candidate
+    with a figure to beat is promoted, and the champion is then found."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "adapter_config.json").write_text("{}")
+
+    rm_run = rm_tasks.start_rm_run.fn(RewardModelRequest(), {})
+    assert rm_tasks.champion_ref() is None
+    reg = rm_tasks.register_reward_model.fn(rm_run, model, 0.7, None, False, True)
+    assert reg.promoted and rm_tasks.champion_ref() == "models:/orchrm@champion"
+    built = rm_tasks.BuiltPairs(train=[{}], test=[], new=1, stats={"by_source": {"a": 1}})
+    rm_tasks.log_pair_stats.fn(rm_run, built, None)
+    rm_tasks.finish_rm_run.fn(rm_run, "FINISHED", {"train_loss": 0.1})
+
+    run = training.start_training_run.fn(TrainConductorRequest(), {})
+    reg = training.register_conductor.fn(run, model, 0.5, "sig", True, champion_accuracy=0.4)
+    assert reg.promoted and training.champion_exists()
+    assert training.champion_needs_eval("sig") is None  # its accuracy on "sig" is recorded
+    assert training.champion_needs_eval("other") == "models:/conductor@champion"
