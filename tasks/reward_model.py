@@ -42,8 +42,10 @@ from reward_model.pairs import (
     pairs_table,
 )
 from tasks.tracking import (
+    finish_run,
     mlflow_experiment,
     model_version_by_alias,
+    open_run,
     register_version,
     retry_unless_unreachable,
     tracking_server,
@@ -418,19 +420,7 @@ def log_pair_stats(run_id: str, built: BuiltPairs, accuracy: Accuracy | None) ->
     retry_condition_fn=retry_unless_unreachable,
 )
 def start_rm_run(request: RewardModelRequest, tags: dict[str, str]) -> str:
-    mlflow = _mlflow()
-    client = mlflow.MlflowClient()
-    params = request.model_dump(exclude={"output_dir"})
-    with tracking_server(f"open the training run in experiment {EXPERIMENT}"):
-        experiment_id = mlflow_experiment(mlflow, EXPERIMENT)
-        run = client.create_run(experiment_id, run_name="train-rm", tags=tags)
-        client.log_batch(
-            run.info.run_id,
-            params=[
-                mlflow.entities.Param(k, "" if v is None else str(v)) for k, v in params.items()
-            ],
-        )
-    return run.info.run_id
+    return open_run(EXPERIMENT, "train-rm", request.model_dump(exclude={"output_dir"}), tags)
 
 
 @task(
@@ -441,13 +431,4 @@ def start_rm_run(request: RewardModelRequest, tags: dict[str, str]) -> str:
     retry_condition_fn=retry_unless_unreachable,
 )
 def finish_rm_run(run_id: str, status: str, metrics: dict[str, float] | None = None) -> None:
-    mlflow = _mlflow()
-    client = mlflow.MlflowClient()
-    stamp = int(time.time() * 1000)
-    with tracking_server(f"finish training run {run_id} ({status})"):
-        if metrics:
-            client.log_batch(
-                run_id,
-                metrics=[mlflow.entities.Metric(k, float(v), stamp, 0) for k, v in metrics.items()],
-            )
-        client.set_terminated(run_id, status=status)
+    finish_run(run_id, status, dict(metrics or {}))

@@ -51,9 +51,11 @@ __all__ = [
     "TrackingError",
     "TrackingUnavailableError",
     "experiment_artifact_location",
+    "finish_run",
     "log_eval",
     "mlflow_experiment",
     "model_version_by_alias",
+    "open_run",
     "register_version",
     "retry_unless_unreachable",
     "tracking_retry_s",
@@ -301,6 +303,40 @@ def log_eval(
             run_id, RunStatus.to_string(RunStatus.FINISHED), end_time=_ms(ended_at)
         )
     return run_id
+
+
+def open_run(experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+    """A new run ``run_name`` in ``experiment`` (created if missing) with ``params`` (None is
+    logged as an empty string) and ``tags``; returns its id. The training runs of the
+    conductor and of OrchRM open this way, and end with :func:`finish_run`."""
+    import mlflow
+    from mlflow.entities import Param
+
+    uri = tracking_uri()
+    client = mlflow.MlflowClient(uri)
+    with tracking_server(f"open run {run_name} in experiment {experiment}", uri):
+        run = client.create_run(mlflow_experiment(client, experiment), run_name=run_name, tags=tags)
+        client.log_batch(
+            run.info.run_id,
+            params=[Param(k, "" if v is None else str(v)) for k, v in params.items()],
+        )
+    return run.info.run_id
+
+
+def finish_run(run_id: str, status: str, metrics: dict[str, float | None] | None = None) -> None:
+    """Log ``metrics`` (the None ones skipped) into run ``run_id``, then end it as
+    ``status`` (``FINISHED``, ``FAILED``)."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    uri = tracking_uri()
+    client = mlflow.MlflowClient(uri)
+    stamp = _ms(None)
+    known = [Metric(k, float(v), stamp, 0) for k, v in (metrics or {}).items() if v is not None]
+    with tracking_server(f"finish run {run_id} ({status})", uri):
+        if known:
+            client.log_batch(run_id, metrics=known)
+        client.set_terminated(run_id, status=status)
 
 
 def model_version_by_alias(client: Any, name: str, alias: str) -> Any | None:

@@ -37,8 +37,10 @@ from conductor.training.config import (
 )
 from conductor.training.rewards import ExecutedPlanReward, TokenCostPenalty
 from tasks.tracking import (
+    finish_run,
     mlflow_experiment,
     model_version_by_alias,
+    open_run,
     register_version,
     retry_unless_unreachable,
     tracking_server,
@@ -90,19 +92,8 @@ def use_all_cores() -> None:
 )
 def start_training_run(request: TrainConductorRequest, tags: dict[str, str]) -> str:
     """Open the MLflow run of this training (experiment ``train/conductor``)."""
-    mlflow = _mlflow()
-    client = mlflow.MlflowClient()
     params = request.model_dump(exclude={"output_dir"})
-    with tracking_server(f"open the training run in experiment {EXPERIMENT}"):
-        experiment_id = mlflow_experiment(mlflow, EXPERIMENT)
-        run = client.create_run(experiment_id, run_name="train-conductor", tags=tags)
-        client.log_batch(
-            run.info.run_id,
-            params=[
-                mlflow.entities.Param(k, "" if v is None else str(v)) for k, v in params.items()
-            ],
-        )
-    return run.info.run_id
+    return open_run(EXPERIMENT, "train-conductor", params, tags)
 
 
 @task(
@@ -113,19 +104,7 @@ def start_training_run(request: TrainConductorRequest, tags: dict[str, str]) -> 
     retry_condition_fn=retry_unless_unreachable,
 )
 def finish_training_run(run_id: str, metrics: dict[str, float | None], status: str) -> None:
-    mlflow = _mlflow()
-    client = mlflow.MlflowClient()
-    stamp = int(time.time() * 1000)
-    with tracking_server(f"finish training run {run_id} ({status})"):
-        client.log_batch(
-            run_id,
-            metrics=[
-                mlflow.entities.Metric(k, float(v), stamp, 0)
-                for k, v in metrics.items()
-                if v is not None
-            ],
-        )
-        client.set_terminated(run_id, status=status)
+    finish_run(run_id, status, metrics)
 
 
 def _stage_run(mlflow: Any, stage: str, parent_run_id: str) -> Any:

@@ -52,12 +52,12 @@ def test_the_training_run_opens_and_finishes_only_with_a_server(down: str):
     request = TrainConductorRequest()
     _fails_in_one_line(
         lambda: training.start_training_run.fn(request, {}),
-        "open the training run in experiment train/conductor",
+        "open run train-conductor in experiment train/conductor",
         down,
     )
     _fails_in_one_line(
         lambda: training.finish_training_run.fn("r1", {"accuracy": 1.0}, "FINISHED"),
-        "finish training run r1 (FINISHED)",
+        "finish run r1 (FINISHED)",
         down,
     )
 
@@ -65,7 +65,7 @@ def test_the_training_run_opens_and_finishes_only_with_a_server(down: str):
 def test_the_reward_model_run_opens_logs_and_finishes_only_with_a_server(down: str):
     _fails_in_one_line(
         lambda: rm_tasks.start_rm_run.fn(RewardModelRequest(), {}),
-        "open the training run in experiment train/orchrm",
+        "open run train-rm in experiment train/orchrm",
         down,
     )
     built = rm_tasks.BuiltPairs(train=[], test=[], new=0, stats={})
@@ -76,7 +76,7 @@ def test_the_reward_model_run_opens_logs_and_finishes_only_with_a_server(down: s
     )
     _fails_in_one_line(
         lambda: rm_tasks.finish_rm_run.fn("r2", "FAILED", {"loss": 0.5}),
-        "finish training run r2 (FAILED)",
+        "finish run r2 (FAILED)",
         down,
     )
 
