@@ -24,9 +24,11 @@ runs): the 1-minute load average before and after, the busy share of all CPUs, a
 seconds of this benchmark and of everything else. ``stderr_problems`` counts "database is
 locked", tracebacks and ``CancelledError`` in the child's stderr.
 
-Not measured yet (``null``, see ``fan_out_note``): ``efficiency`` ({"2": .., "4": ..}, 1 -> 2 ->
-4 workers of a 0.5 s fake worker) and ``killed_worker`` ({"lost": .., "duplicated": ..}), the
-fan-out items of issue #19, which will fill them in this script.
+Then the fleet (``benchmarks/_fleet.py``, skipped with ``--no-fleet``): one local stack of
+``deployments/stack.py`` and ``conductor eval --fan-out`` over 1, 2 and 4 ``conductor serve``
+processes (each its own home) with a 0.5 s fake worker: ``efficiency`` ({"2": .., "4": ..},
+``q/s(N) / (N * q/s(1))``, goal >= 0.8), and ``killed_worker`` ({"lost": .., "duplicated":
+..}, goal 0 and 0): 200 questions over 3 workers, one SIGKILLed mid-question.
 
 Goal: ``questions_per_s_1host`` >= 5 (about 1.1 before issue #19). ``--root DIR`` measures another
 checkout (e.g. an earlier commit unpacked with ``git archive``) under the same conditions.
@@ -52,14 +54,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import _fleet  # noqa: E402
 from benchmarks.engine_overhead import _busy_cpu_s, _problems, _table  # noqa: E402
 
 GOAL_QPS = 5.0
 DATASET, SPLIT, STRATEGY, WORKER = "arithmetic", "test", "single:calculator", "calculator"
-FAN_OUT_NOTE = (
-    "efficiency and killed_worker are not measured yet: the fan-out of issue #19 "
-    "(items 2 and 3) fills them in here"
-)
+GOAL_EFFICIENCY = 0.8
 _ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
@@ -218,9 +218,6 @@ def child(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         "events": dict(counter.events.most_common()),
         "server_start_s": round(server_start, 3),
         "warm_up_s": round(warm_wall, 3),
-        "efficiency": None,
-        "killed_worker": None,
-        "fan_out_note": FAN_OUT_NOTE,
     }
 
 
@@ -255,8 +252,26 @@ def parent(args: argparse.Namespace) -> int:
             print(f"child failed with exit code {proc.returncode}", file=sys.stderr)
             return 2
         report = json.loads(out.read_text())
-    report |= {"goal_questions_per_s": GOAL_QPS}
+    report |= {"goal_questions_per_s": GOAL_QPS, "goal_efficiency": GOAL_EFFICIENCY}
     report["pass"] = report["questions_per_s_1host"] >= GOAL_QPS
+    report |= {"efficiency": None, "killed_worker": None}
+    if not args.no_fleet:
+        fleet_load, fleet_busy, t0 = os.getloadavg()[0], _busy_cpu_s(), time.perf_counter()
+        report |= _fleet.measure(args)
+        fleet_wall = time.perf_counter() - t0
+        report["fleet_load"] = {
+            "loadavg_1m_before": round(fleet_load, 2),
+            "loadavg_1m_after": round(os.getloadavg()[0], 2),
+            "machine_busy_frac": round(
+                (_busy_cpu_s() - fleet_busy) / (fleet_wall * (os.cpu_count() or 1)), 2
+            ),
+        }
+        killed = report["killed_worker"]
+        report["pass_fleet"] = (
+            all(e >= GOAL_EFFICIENCY for e in report["efficiency"].values())
+            and killed["lost"] == 0
+            and killed["duplicated"] == 0
+        )
     report |= {"root": str(root), "stderr_problems": _problems(proc.stderr)}
     report["load"] = {
         "cpus": os.cpu_count(),
@@ -291,7 +306,16 @@ def parent(args: argparse.Namespace) -> int:
     cols = ["path", "q_per_s", "wall_s", "correct", "api_calls_per_q", "events_per_q"]
     print(_table(rows, [*cols, "parquet_files_per_q"]))
     print(f"\nAPI calls: {report['api_calls']}\nevents: {report['events']}")
-    print(f"efficiency: null, killed_worker: null ({FAN_OUT_NOTE})")
+    if report["efficiency"] is not None:
+        print(f"\nfleet: {report['fleet_settings']}  load={report['fleet_load']}")
+        fleet_cols = ["workers", "questions", "failed", "wall_s", "questions_per_s", "efficiency"]
+        print(_table(list(report["fleet_scaling"].values()), fleet_cols))
+        print(f"killed worker: {report['killed_worker']}")
+        fleet_verdict = "PASS" if report["pass_fleet"] else "FAIL"
+        print(
+            f"{fleet_verdict}: efficiency >= {GOAL_EFFICIENCY} per added worker, "
+            "0 questions lost, 0 duplicated rows"
+        )
     verdict = "PASS" if report["pass"] else "FAIL"
     print(f"\n{verdict}: questions_per_s_1host >= {GOAL_QPS} (ratio to asyncio {report['ratio']}x)")
     for line in report["stderr_problems"]:
@@ -307,6 +331,7 @@ def main() -> int:
     ap.add_argument("--root", help="the checkout to measure (default: this one)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     ap.add_argument("--log", help="also write the child's full stderr to this file")
+    _fleet.add_arguments(ap)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--home", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -47,7 +47,12 @@ from conductor.errors import ConductorError
 from conductor.home import conductor_home
 from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
 from conductor.pool import Pool, load_pool
-from conductor.training.config import StageScore, TrainConductorRequest, TrainConductorResult
+from conductor.training.config import (
+    StageScore,
+    TrainConductorRequest,
+    TrainConductorResult,
+    rollout_request,
+)
 from conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
 from conductor.training.warm_start import warm_start_examples
 from flows.best_of_n import run_question
@@ -97,24 +102,17 @@ def rollout_executor(request: TrainConductorRequest, source: str, run_id: str):
 
     def execute(rollouts: list[Rollout], step: int) -> list[RolloutOutcome | None]:
         requests = [
-            OrchestrateRequest(
-                question=r.question,
-                pool=request.pool,
-                question_id=r.question_id,
-                reference=r.reference,
-                kind=r.kind,  # type: ignore[arg-type]
-                meta=r.meta,
-                plan_text=r.plan_text,
-                plan_source=source,
-                on_invalid_plan="error",  # an invalid plan scores 0; nothing runs
-                tags={
+            rollout_request(
+                request,
+                r,
+                {
                     "train_run": run_id,
                     "train_step": str(step),
                     "rollout": str(i),
-                    "dataset": request.dataset,
-                    "split": request.split,
                     "strategy": "grpo-rollout",
                 },
+                plan_text=r.plan_text,
+                plan_source=source,
             )
             for i, r in enumerate(rollouts)
         ]
@@ -132,24 +130,13 @@ def self_sample(
     ``self_sample_round``). Its verified-correct plans are warm-start data for the next
     round; the reference only verifies, it never becomes a target."""
     requests = [
-        OrchestrateRequest(
-            question=ex.question,
-            pool=request.pool,
-            question_id=ex.id,
-            reference=ex.reference,
-            kind=ex.kind,
-            meta=ex.meta,
+        rollout_request(
+            request,
+            ex,
+            {"train_run": run_id, "self_sample_round": str(round_), "sample": str(k)},
             conductor=str(adapter),
             conductor_temperature=request.temperature,
             seed=request.seed + k,
-            on_invalid_plan="error",
-            tags={
-                "train_run": run_id,
-                "self_sample_round": str(round_),
-                "sample": str(k),
-                "dataset": request.dataset,
-                "split": request.split,
-            },
         )
         for ex in questions
         for k in range(request.self_sample_k)

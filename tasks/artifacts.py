@@ -36,6 +36,7 @@ from conductor.data.records import RunRecord, StepRecord
 from conductor.data.store import ArtifactStore
 from conductor.plan.requests import EvalResult, RunResult
 from conductor.plan.workflow import Workflow
+from tasks.tracking import retry_unless_unreachable
 
 __all__ = [
     "BATCH_RUNS",
@@ -69,6 +70,7 @@ BATCH_WAIT_S = 5.0
     task_run_name="save artifacts",
     retries=2,
     retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,  # an object store that stayed down: once
 )
 def save_run(run: RunRecord, steps: list[StepRecord], root: str | None = None) -> str:
     """Append one run and its steps to the dataset in a single batch; returns the root."""
@@ -83,6 +85,7 @@ def save_run(run: RunRecord, steps: list[StepRecord], root: str | None = None) -
     task_run_name="save artifacts ({n} runs)",
     retries=2,
     retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
 )
 def save_runs(
     runs: Sequence[RunRecord], steps: Sequence[StepRecord], root: str | None, n: int

@@ -1,0 +1,202 @@
+"""The fleet half of ``benchmarks/scale_out.py`` (issue #19): ``conductor eval --fan-out`` over
+1, 2 and 4 ``conductor serve`` processes, and a worker killed mid-eval.
+
+One local stack (``deployments/stack.py up``: PostgreSQL, the S3 server, MLflow's and
+Prefect's servers) in a temporary directory; host 0 runs the evals, hosts 1..N one serve
+process each, every one with its own home (``tests/fleet.py``). The worker is ``sleepy``, a
+fake worker of fixed latency (``--latency``, 0.5 s), and each serve process answers
+``--serve-limit`` questions at once, so the fleet's capacity grows with the workers and the
+eval's in-flight bound (``--concurrency``) is above it.
+
+- ``efficiency``: for N workers, ``q/s(N) / (N * q/s(1))``, each q/s the eval's own
+  ``wall_s`` over ``--fleet-questions`` arithmetic test questions (serve processes started and
+  warm before the eval begins);
+- ``killed_worker``: ``--killed-questions`` questions over 3 workers, one SIGKILLed as soon
+  as it runs one of them. ``lost``: questions with no row in the shared runs table or that
+  ended as failures; ``duplicated``: rows beyond one per question.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.fleet import (  # noqa: E402
+    CLI,
+    Serve,
+    conductor,
+    eval_rows,
+    host_env,
+    kill_mid_question,
+    write_pool,  # noqa: E402
+)
+
+STACK = ROOT / "deployments" / "stack.py"
+KILLED_WORKERS = 3
+
+
+def _eval_args(pool: Path, questions: int, concurrency: int) -> list[str]:
+    return [
+        "eval",
+        "--dataset",
+        "arithmetic",
+        "--split",
+        "test",
+        "--strategy",
+        "single:sleepy",
+        "--pool",
+        str(pool),
+        "--limit",
+        str(questions),
+        "--concurrency",
+        str(concurrency),
+        "--fan-out",
+    ]
+
+
+def measure(args: Any) -> dict[str, Any]:
+    """Scaling and the killed worker, on one local stack; the report's fleet keys."""
+    workers = sorted(set(args.workers))
+    hosts = 1 + max(max(workers), KILLED_WORKERS)
+    with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
+        directory = Path(tmp)
+        up = subprocess.run(
+            [sys.executable, str(STACK), "up", "--dir", str(directory / "stack")]
+            + ["--hosts", str(hosts)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if up.returncode != 0:
+            raise RuntimeError(f"stack.py up failed: {up.stderr[-2000:]}")
+        try:
+            state = json.loads((directory / "stack" / "stack.json").read_text())
+            return _measure(args, state, directory, workers)
+        finally:
+            subprocess.run(
+                [sys.executable, str(STACK), "down", "--dir", str(directory / "stack")],
+                capture_output=True,
+                timeout=300,
+            )
+
+
+def _measure(args: Any, state: dict[str, Any], directory: Path, workers: list[int]):
+    evaluator, *others = state["hosts"]
+    pool = write_pool(directory / "pool.yaml", args.latency)
+    serves: list[Serve] = []
+    scaling: dict[str, Any] = {}
+    try:
+        conductor(
+            evaluator,
+            "eval",
+            "--dataset",
+            "arithmetic",
+            "--limit",
+            "2",
+            "--strategy",
+            "single:calculator",
+        )  # warm: experiment, store, imports
+        for n in workers:
+            while len(serves) < n:
+                serves.append(Serve(others[len(serves)], pool, limit=args.serve_limit))
+            for serve in serves:
+                serve.wait_ready()
+            result, _ = conductor(
+                evaluator, *_eval_args(pool, args.fleet_questions, args.fleet_concurrency)
+            )
+            scaling[str(n)] = {
+                "workers": n,
+                "questions": result["n"],
+                "failed": result["failed"],
+                "wall_s": result["wall_s"],
+                "questions_per_s": round(result["n"] / result["wall_s"], 3),
+            }
+        one = scaling[str(workers[0])]["questions_per_s"] / workers[0]
+        for row in scaling.values():
+            row["efficiency"] = round(row["questions_per_s"] / (row["workers"] * one), 3)
+        killed = _killed_worker(args, state, directory, pool, serves)
+    finally:
+        for serve in serves:
+            serve.stop()
+    return {
+        "efficiency": {k: v["efficiency"] for k, v in scaling.items() if v["workers"] > 1},
+        "fleet_scaling": scaling,
+        "killed_worker": killed,
+        "fleet_settings": {
+            "latency_s": args.latency,
+            "serve_limit": args.serve_limit,
+            "concurrency": args.fleet_concurrency,
+            "hosts": len(state["hosts"]),
+        },
+    }
+
+
+def _killed_worker(args: Any, state, directory: Path, pool: Path, serves: list[Serve]):
+    evaluator = state["hosts"][0]
+    for serve in serves[KILLED_WORKERS:]:
+        serve.stop()
+    del serves[KILLED_WORKERS:]
+    victim = serves[-1]
+    out = directory / "killed.json"
+    started = time.monotonic()
+    with out.open("w") as stdout:
+        evaluation = subprocess.Popen(
+            [sys.executable, "-c", CLI]
+            + _eval_args(pool, args.killed_questions, args.fleet_concurrency)
+            + ["--json"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=host_env(evaluator),
+            cwd=evaluator["home"],
+        )
+    kill_mid_question(victim, evaluator["env"]["PREFECT_API_URL"], evaluation, 600)
+    killed_at = time.monotonic() - started
+    _, err = evaluation.communicate(timeout=1800)
+    if evaluation.returncode != 0:
+        raise RuntimeError(f"the killed-worker eval failed: {err[-3000:]}")
+    result = json.loads(out.read_text())
+    rows = eval_rows(evaluator, result["eval_id"])
+    qids = [r["question_id"] for r in rows]
+    return {
+        "questions": args.killed_questions,
+        "workers": KILLED_WORKERS,
+        "killed_at_s": round(killed_at, 1),
+        "lost": args.killed_questions - len(set(qids)) + result["failed"],
+        "duplicated": len(qids) - len(set(qids)),
+        "failed": result["failed"],
+        "resent": err.count("sending it again"),
+        "wall_s": result["wall_s"],
+        "rows": len(rows),
+        "served_by_victim": sum(r["served_by"] == victim.id for r in rows),
+    }
+
+
+def add_arguments(ap: Any) -> None:
+    ap.add_argument("--no-fleet", action="store_true", help="skip the fan-out measurements")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--latency", type=float, default=0.5, help="the fake worker's seconds")
+    ap.add_argument("--serve-limit", type=int, default=2, help="questions per serve at once")
+    ap.add_argument("--fleet-questions", type=int, default=48)
+    ap.add_argument("--fleet-concurrency", type=int, default=16)
+    ap.add_argument("--killed-questions", type=int, default=200)
+
+
+if __name__ == "__main__":  # python benchmarks/_fleet.py: the fleet half alone
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    parser.add_argument("--json", action="store_true")
+    print(json.dumps(measure(parser.parse_args()), indent=2))
+    os._exit(0)
