@@ -35,10 +35,11 @@ from tests.fleet import (  # noqa: E402
     CLI,
     Serve,
     conductor,
+    eval_args,
     eval_rows,
     host_env,
     kill_mid_question,
-    write_pool,  # noqa: E402
+    write_pool,
 )
 
 STACK = ROOT / "deployments" / "stack.py"
@@ -46,22 +47,7 @@ KILLED_WORKERS = 3
 
 
 def _eval_args(pool: Path, questions: int, concurrency: int) -> list[str]:
-    return [
-        "eval",
-        "--dataset",
-        "arithmetic",
-        "--split",
-        "test",
-        "--strategy",
-        "single:sleepy",
-        "--pool",
-        str(pool),
-        "--limit",
-        str(questions),
-        "--concurrency",
-        str(concurrency),
-        "--fan-out",
-    ]
+    return eval_args("arithmetic", "single:sleepy", pool, questions, concurrency)
 
 
 def measure(args: Any) -> dict[str, Any]:
@@ -96,22 +82,14 @@ def _measure(args: Any, state: dict[str, Any], directory: Path, workers: list[in
     serves: list[Serve] = []
     scaling: dict[str, Any] = {}
     try:
-        conductor(
-            evaluator,
-            "eval",
-            "--dataset",
-            "arithmetic",
-            "--limit",
-            "2",
-            "--strategy",
-            "single:calculator",
-        )  # warm: experiment, store, imports
+        warm = "eval --dataset arithmetic --limit 2 --strategy single:calculator"
+        conductor(evaluator, *warm.split())  # the MLflow experiment, the store, imports
         for n in workers:
             while len(serves) < n:
                 serves.append(Serve(others[len(serves)], pool, limit=args.serve_limit))
             for serve in serves:
                 serve.wait_ready()
-            result, _ = conductor(
+            result = conductor(
                 evaluator, *_eval_args(pool, args.fleet_questions, args.fleet_concurrency)
             )
             scaling[str(n)] = {

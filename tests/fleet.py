@@ -42,10 +42,10 @@ def host_env(host: dict[str, Any], **extra: str) -> dict[str, str]:
     return env
 
 
-def conductor(host: dict[str, Any], *args: str, timeout: float = 600) -> tuple[Any, str]:
-    """``conductor ARGS --json`` as ``host``: its JSON output and its stderr."""
+def _run(host: dict[str, Any], argv: list[str], timeout: float) -> str:
+    """Run ``argv`` (after ``python``) as ``host``; its stdout, or an error with its stderr."""
     done = subprocess.run(
-        [sys.executable, "-c", CLI, *args, "--json"],
+        [sys.executable, *argv],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -53,23 +53,29 @@ def conductor(host: dict[str, Any], *args: str, timeout: float = 600) -> tuple[A
         cwd=host["home"],
     )
     if done.returncode != 0:
-        raise RuntimeError(f"conductor {' '.join(args)}: {done.stderr[-3000:]}")
-    return json.loads(done.stdout), done.stderr
+        raise RuntimeError(f"{argv[-1][:80]!r} on {host['home']}: {done.stderr[-3000:]}")
+    return done.stdout
+
+
+def conductor(host: dict[str, Any], *args: str, timeout: float = 600) -> Any:
+    """``conductor ARGS --json`` as ``host``: its JSON output."""
+    return json.loads(_run(host, ["-c", CLI, *args, "--json"], timeout))
 
 
 def on_host(host: dict[str, Any], code: str, timeout: float = 300) -> Any:
     """Run ``code`` as ``host``; it prints one JSON line, returned."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=host_env(host),
-        cwd=host["home"],
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"on host {host['home']}: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(_run(host, ["-c", textwrap.dedent(code)], timeout).strip().splitlines()[-1])
+
+
+def eval_args(
+    dataset: str, strategy: str, pool: Path, limit: int, concurrency: int = 8
+) -> list[str]:
+    """``conductor eval`` over the fleet: ``--fan-out`` and these options."""
+    return [
+        "eval",
+        *("--dataset", dataset, "--strategy", strategy, "--pool", str(pool)),
+        *("--limit", str(limit), "--concurrency", str(concurrency), "--fan-out"),
+    ]
 
 
 def eval_rows(host: dict[str, Any], eval_id: str) -> list[dict[str, Any]]:
