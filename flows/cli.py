@@ -16,6 +16,7 @@ import typer
 from conductor.errors import ConductorError, PlanError
 from flows.cli_common import (
     ConductorOpt,
+    FanOutOpt,
     JsonOpt,
     PoolOpt,
     RmOpt,
@@ -23,6 +24,7 @@ from flows.cli_common import (
     build_request,
     call_flow,
     call_long_flow,
+    check_fan_out,
     check_rm,
     fail,
     load_pool_option,
@@ -262,16 +264,7 @@ def eval_(
     pool: PoolOpt = None,
     conductor: ConductorOpt = None,
     rm: RmOpt = None,
-    fan_out: Annotated[
-        bool,
-        typer.Option(
-            "--fan-out",
-            help="Hand each question to the fleet: any `conductor serve` on any host of this "
-            "Prefect server; --concurrency questions in flight. Needs PREFECT_API_URL and "
-            "PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK / "
-            "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK (storage every host reads).",
-        ),
-    ] = False,
+    fan_out: FanOutOpt = False,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -283,13 +276,7 @@ def eval_(
     p = load_pool_option(pool, conductor)
     check_rm(parse_strategy(strategy, p), rm)
     load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
-    if fan_out:
-        from flows.fanout import FanOutError, check_fleet
-
-        try:
-            check_fleet()
-        except FanOutError as exc:
-            fail(str(exc))
+    check_fan_out(fan_out)
     request = build_request(
         EvalRequest,
         dataset=dataset,

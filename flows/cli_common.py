@@ -81,6 +81,29 @@ def check_rm(strategy: Any, rm: str | None) -> None:
         load_reward_model(rm or DEFAULT_RM)
 
 
+FanOutOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fan-out",
+        help="Hand each question (each plan) to the fleet: any `conductor serve` on any host "
+        "of this Prefect server. Needs PREFECT_API_URL and "
+        "PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK / "
+        "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK (storage every host reads).",
+    ),
+]
+
+
+def check_fan_out(fan_out: bool) -> None:
+    """``--fan-out`` without a fleet to hand work to: one line, before any work starts."""
+    if fan_out:
+        from flows.fanout import FanOutError, check_fleet
+
+        try:
+            check_fleet()
+        except FanOutError as exc:
+            fail(str(exc))
+
+
 def fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)

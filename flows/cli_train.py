@@ -11,11 +11,13 @@ from typing import Annotated, Optional
 import typer
 
 from flows.cli_common import (
+    FanOutOpt,
     JsonOpt,
     PoolOpt,
     VerboseOpt,
     build_request,
     call_long_flow,
+    check_fan_out,
     load_pool_option,
 )
 
@@ -93,6 +95,7 @@ def train_conductor_cmd(
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     pool: PoolOpt = None,
+    fan_out: FanOutOpt = False,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -102,6 +105,7 @@ def train_conductor_cmd(
 
     load_pool_option(pool)
     load_dataset(dataset, split="train", limit=1, seed=seed)  # a bad dataset fails here
+    check_fan_out(fan_out)
     request = build_request(
         TrainConductorRequest,
         dataset=dataset,
@@ -117,6 +121,7 @@ def train_conductor_cmd(
         self_sample_rounds=self_sample_rounds,
         self_sample_questions=self_sample_questions,
         self_sample_k=self_sample_k,
+        fan_out=fan_out,
         eval_stages=eval_stages,
         collect_limit=collect_limit,
         max_steps=max_steps,

@@ -35,6 +35,7 @@ question runs changes.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -90,9 +91,10 @@ def worker_id() -> str:
 
 
 def fleet_run_id(request: OrchestrateRequest) -> str:
-    """The run id of an eval's question: the same for every send of the same question."""
-    tags = request.tags
-    key = f"{tags.get('eval_id', '')}/{request.question_id}/{tags.get('sample', '0')}"
+    """The run id of a request sent to the fleet: the same for every send of the same
+    request (its question and its tags: an eval's id and sample, a GRPO rollout's run, step
+    and index), different for any two requests that differ in either."""
+    key = json.dumps([request.question_id, sorted(request.tags.items())])
     return str(uuid.uuid5(_RUN_IDS, key))
 
 

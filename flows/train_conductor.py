@@ -57,6 +57,9 @@ from conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutco
 from conductor.training.warm_start import warm_start_examples
 from flows.best_of_n import run_question
 from flows.evaluate import evaluate
+from flows.fanout import Fleet
+from flows.orchestrate import RunOutcome
+from tasks.artifacts import RunBatch
 from tasks.training import (
     EXPERIMENT,
     champion_exists,
@@ -84,21 +87,40 @@ def _outcome(result: object) -> RolloutOutcome | None:
     )
 
 
-def _run_all(requests: list[OrchestrateRequest], concurrency: int) -> list[object]:
-    """Every request as a ``run_question`` task, at most ``concurrency`` at once; the
-    results (a RunResult, or what the failed task left) in request order."""
+def _run_all(
+    requests: list[OrchestrateRequest], concurrency: int, fleet: Fleet | None = None
+) -> list[object]:
+    """Every request as a ``run_question`` task (or, with a ``fleet``, a question of the
+    fleet), at most ``concurrency`` at once; the results (a RunResult, or what the failed
+    task left) in request order."""
     gate = threading.Semaphore(concurrency)
     futures = []
     for req in requests:
         gate.acquire()
-        future = run_question.submit(req)
+        future = fleet.submit(req) if fleet is not None else run_question.submit(req)
         future.add_done_callback(lambda _f: gate.release())
         futures.append(future)
-    return [f.result(raise_on_failure=False) for f in futures]
+    if fleet is None:
+        return [f.result(raise_on_failure=False) for f in futures]
+    # The fleet's workers return their rows unstored: stored here, once per run id, as an
+    # eval stores them (flows/evaluate.py).
+    batch = RunBatch(None)
+    results = []
+    for future in futures:
+        outcome = future.result()
+        if isinstance(outcome, RunOutcome):
+            batch.add(outcome.run, outcome.steps)
+            outcome = outcome.result
+        results.append(outcome)
+    batch.close()
+    return results
 
 
-def rollout_executor(request: TrainConductorRequest, source: str, run_id: str):
-    """Runs a batch of rollouts as ``orchestrate`` subflows, at most N at once."""
+def rollout_executor(
+    request: TrainConductorRequest, source: str, run_id: str, fleet: Fleet | None = None
+):
+    """Runs a batch of rollouts, at most N at once: here, or on the fleet (``fan_out``), so
+    that a GPU trainer executes no plan itself."""
 
     def execute(rollouts: list[Rollout], step: int) -> list[RolloutOutcome | None]:
         requests = [
@@ -116,13 +138,18 @@ def rollout_executor(request: TrainConductorRequest, source: str, run_id: str):
             )
             for i, r in enumerate(rollouts)
         ]
-        return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency)]
+        return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency, fleet)]
 
     return execute
 
 
 def self_sample(
-    request: TrainConductorRequest, questions: list, adapter: Path, round_: int, run_id: str
+    request: TrainConductorRequest,
+    questions: list,
+    adapter: Path,
+    round_: int,
+    run_id: str,
+    fleet: Fleet | None = None,
 ) -> list[RolloutOutcome | None]:
     """One round of verified self-sampling: the conductor ``adapter`` writes
     ``self_sample_k`` plans per question at ``temperature`` (seeds ``seed .. seed + k - 1``),
@@ -141,7 +168,7 @@ def self_sample(
         for ex in questions
         for k in range(request.self_sample_k)
     ]
-    return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency)]
+    return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency, fleet)]
 
 
 def _round_questions(request: TrainConductorRequest, train: list, round_: int) -> list:
@@ -166,6 +193,7 @@ def _eval(request: TrainConductorRequest, conductor: str | None, name: str, pare
             experiment=EXPERIMENT,
             run_name=name,
             mlflow_tags={"mlflow.parentRunId": parent, "stage": name},
+            fan_out=request.fan_out,
         ),
         return_state=True,
     )
@@ -244,6 +272,9 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         init = resolve_conductor(request.init_adapter).path if request.init_adapter else None
         n_warm = None
         stages: list[StageScore] = []
+        # With fan_out, every plan of this run (self-sampling, GRPO rollouts, evals) is
+        # executed by the fleet's `conductor serve` processes, not by the trainer's host.
+        fleet = Fleet(request.rollout_concurrency) if request.fan_out else None
 
         def stage_score(name: str, adapter: Path, **counts: int | None) -> None:
             if request.eval_stages:
@@ -275,9 +306,8 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
             init = warm_start_train(request, examples, output_dir, run_id)
             stage_score("warm-start", init, examples=n_warm)
             for round_ in range(1, request.self_sample_rounds + 1):
-                outcomes = self_sample(
-                    request, _round_questions(request, train, round_), init, round_, run_id
-                )
+                questions = _round_questions(request, train, round_)
+                outcomes = self_sample(request, questions, init, round_, run_id, fleet)
                 right = sum(bool(o and o.correct) for o in outcomes)
                 log.info(
                     "self-sampling round %d: %d of %d plans right", round_, right, len(outcomes)
@@ -290,7 +320,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
                 stage_score(f"round-{round_}", init, examples=n_warm, rollouts=len(outcomes))
         if request.max_steps:
             source = f"grpo:{run_id}"
-            reward = ExecutedPlanReward(rollout_executor(request, source, run_id))
+            reward = ExecutedPlanReward(rollout_executor(request, source, run_id, fleet))
             grpo = grpo_train(request, pool, train, init, reward, output_dir, run_id)
             final = grpo.adapter_dir
         elif init is not None:

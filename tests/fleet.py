@@ -80,6 +80,11 @@ def eval_args(
 
 def eval_rows(host: dict[str, Any], eval_id: str) -> list[dict[str, Any]]:
     """An eval's runs as ``host`` reads them from the shared artifact store."""
+    return tagged_rows(host, "eval_id", eval_id)
+
+
+def tagged_rows(host: dict[str, Any], tag: str, value: str) -> list[dict[str, Any]]:
+    """The runs tagged ``tag=value``, as ``host`` reads them from the shared artifact store."""
     return on_host(
         host,
         f"""
@@ -88,13 +93,15 @@ def eval_rows(host: dict[str, Any], eval_id: str) -> list[dict[str, Any]]:
 
         runs = ArtifactStore(os.environ["CONDUCTOR_ARTIFACTS"]).read_pandas("runs")
         rows = []
-        for run_id, qid, tags, correct in zip(
-            runs["run_id"], runs["question_id"], runs["tags"], runs["correct"]
+        for run_id, qid, tags, correct, valid in zip(
+            runs["run_id"], runs["question_id"], runs["tags"], runs["correct"],
+            runs["format_valid"],
         ):
             tags = dict(tags)
-            if tags.get("eval_id") == "{eval_id}":
+            if tags.get("{tag}") == "{value}":
                 rows.append({{"run_id": run_id, "question_id": qid, "correct": bool(correct),
-                              "served_by": tags.get("served_by")}})
+                              "format_valid": bool(valid), "served_by": tags.get("served_by"),
+                              "tags": tags}})
         print(json.dumps(rows))
         """,
     )

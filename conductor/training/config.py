@@ -134,6 +134,12 @@ class TrainConductorRequest(BaseModel):
         "(the default).",
     )
     rollout_concurrency: int = Field(default=16, ge=1, le=64, description="Rollouts at once.")
+    fan_out: bool = Field(
+        default=False,
+        description="Execute every plan (self-sampling, GRPO rollouts, evals) on the fleet: "
+        "background task runs that any `conductor serve` on any host answers (needs a "
+        "Prefect server and shared result storage, as `conductor eval --fan-out`).",
+    )
     seed: int = Field(default=0, description="Seed of data order, sampling and the dataset.")
     output_dir: str | None = Field(
         default=None, description="Where adapters go; default $CONDUCTOR_HOME/training/<run>."

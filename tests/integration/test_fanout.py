@@ -28,6 +28,7 @@ from tests.fleet import (
     host_env,
     kill_mid_question,
     on_host,
+    tagged_rows,
     write_pool,
 )
 from tests.integration import test_stack
@@ -131,3 +132,49 @@ def test_a_killed_worker_loses_no_question_and_stores_none_twice(stack, fleet):
     survivors = {s.id for s in fleet["serves"]}
     assert {r["served_by"] for r in rows} <= survivors | {victim.id}
     assert {r["served_by"] for r in rows} & survivors
+
+
+def test_grpo_rewards_come_from_plans_the_fleet_executed(stack, fleet):
+    """``fan_out``: the trainer's host sends each rollout to the fleet and stores its rows;
+    it executes none itself. Three rollouts of one question are three runs (run ids)."""
+    first, second = stack["hosts"][:2]
+    right = 'model_id = [0]\nsubtasks = ["2 + 3"]\naccess_list = [[]]'  # the calculator
+    wrong = 'model_id = [1]\nsubtasks = ["2 + 3"]\naccess_list = [[]]'  # sleepy
+    rewards = on_host(
+        first,
+        f"""
+        import json
+        from prefect import flow
+        from conductor.training.config import TrainConductorRequest
+        from conductor.training.rewards import ExecutedPlanReward
+        from flows.fanout import Fleet
+        from flows.train_conductor import rollout_executor
+
+        request = TrainConductorRequest(
+            dataset="{fleet["data"]}", pool="{fleet["pool"]}", fan_out=True
+        )
+
+        @flow
+        def score():
+            execute = rollout_executor(request, "grpo:fleet", "train-fleet", Fleet(4))
+            return ExecutedPlanReward(execute)(
+                ["p"] * 3,
+                [[{{"role": "assistant", "content": t}}] for t in
+                 ("no plan here", {wrong!r}, {right!r})],
+                question=["2 + 3"] * 3,
+                question_id=["s1"] * 3,
+                reference=["5"] * 3,
+                kind=["math"] * 3,
+                meta=["{{}}"] * 3,
+                trainer_state=type("S", (), {{"global_step": 3}})(),
+            )
+
+        print(json.dumps(score()))
+        """,
+    )
+    assert rewards == [0.0, 0.5, 1.0]
+    rows = tagged_rows(second, "train_run", "train-fleet")
+    assert len(rows) == 3 and len({r["run_id"] for r in rows}) == 3
+    assert sorted(r["format_valid"] for r in rows) == [False, True, True]
+    assert {r["tags"]["train_step"] for r in rows} == {"3"}
+    assert {r["served_by"] for r in rows} <= {s.id for s in fleet["serves"]}  # not host 0

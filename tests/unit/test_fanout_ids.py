@@ -1,0 +1,30 @@
+"""Run ids of requests sent to the fleet (``flows.fanout.fleet_run_id``, issue #19): the same
+for every send of one request, different for any two requests of one eval or training run."""
+
+from __future__ import annotations
+
+from conductor.plan.requests import OrchestrateRequest
+from flows.fanout import fleet_run_id
+
+
+def _request(qid: str = "q1", **tags: str) -> OrchestrateRequest:
+    return OrchestrateRequest(question="2 + 3", question_id=qid, tags=tags)
+
+
+def test_a_resent_request_keeps_its_run_id():
+    first = _request(eval_id="e1", sample="0")
+    again = first.model_copy(update={"pool": "/abs/pool.yaml"})  # what Fleet.submit changes
+    assert fleet_run_id(first) == fleet_run_id(again)
+    assert fleet_run_id(_request(sample="0", eval_id="e1")) == fleet_run_id(first)  # tag order
+
+
+def test_requests_that_differ_in_question_or_any_tag_get_different_run_ids():
+    ids = {
+        fleet_run_id(_request(eval_id="e1", sample="0")),
+        fleet_run_id(_request(eval_id="e1", sample="1")),
+        fleet_run_id(_request("q2", eval_id="e1", sample="0")),
+        fleet_run_id(_request(eval_id="e2", sample="0")),
+        # GRPO: three rollouts of one question in one step are three runs
+        *(fleet_run_id(_request(train_run="t", train_step="3", rollout=str(i))) for i in range(3)),
+    }
+    assert len(ids) == 7
