@@ -24,10 +24,9 @@ import pytest
 
 from conductor.data.store import ArtifactStore, s3_filesystem
 from conductor.errors import StoreError, StoreUnavailableError
-from tests.unit.test_store import (
+from tests.unit.test_store import make_run, make_steps
+from tests.unit.test_store_concurrency import (
     REPO,
-    make_run,
-    make_steps,
     read_while_a_compaction_deletes_its_files,
     reading_all_the_time,
 )
