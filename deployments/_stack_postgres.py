@@ -14,10 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-if __package__:  # imported as deployments._stack_postgres
-    from ._stack_processes import StackError
-else:  # python deployments/stack.py: this folder is sys.path[0]
-    from _stack_processes import StackError
+from deployments._stack_processes import StackError
 
 __all__ = ["DATABASES", "PG_USER", "Postgres", "create_databases", "pg_install"]
 

@@ -50,32 +50,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The stack's parts, next to this file: run as a script (python deployments/stack.py) this
-# folder is sys.path[0]; imported as deployments.stack they are its siblings.
-if __package__:
-    from ._stack_postgres import PG_USER, Postgres, create_databases
-    from ._stack_processes import (
-        StackError,
-        answers,
-        base_env,
-        free_ports,
-        members,
-        spawn,
-        stop_processes,
-        wait,
-    )
-else:
-    from _stack_postgres import PG_USER, Postgres, create_databases
-    from _stack_processes import (
-        StackError,
-        answers,
-        base_env,
-        free_ports,
-        members,
-        spawn,
-        stop_processes,
-        wait,
-    )
+# The stack's parts, next to this file; run as a script (python deployments/stack.py), the
+# repository root goes on the path first, so they import the same way either way.
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from deployments._stack_postgres import PG_USER, Postgres, create_databases  # noqa: E402
+from deployments._stack_processes import (  # noqa: E402
+    StackError,
+    answers,
+    base_env,
+    free_ports,
+    members,
+    spawn,
+    stop_processes,
+    wait,
+)
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "conductor-stack"
 STATE = "stack.json"
