@@ -1,12 +1,13 @@
-"""``conductor eval --fan-out``: an eval's questions answered by the fleet (issue #19).
+"""``conductor eval --fan-out``: an eval's questions answered by the fleet (issue #19); also
+every plan of ``conductor train-conductor --fan-out`` (``flows/train_conductor.py``).
 
-Each question is a **background task run** (``Task.delay``) of ``fleet_question``, a task that
-every ``conductor serve`` serves (``prefect.task_worker.serve``): the Prefect server hands it
-to one subscribed serve process, on any host. Nothing here schedules or queues: Prefect's
-server keeps the queue and picks the worker. The eval keeps what it does in-process
-(``flows/evaluate.py``): at most ``concurrency`` questions in flight, the same progress
-artifact, the same ``RunBatch`` of rows, summary, ``EvalResult`` and MLflow run; only where a
-question runs changes.
+Each question is a **background task run** (what ``Task.delay`` makes) of ``fleet_question``,
+a task that every ``conductor serve`` serves (``prefect.task_worker.serve``): the Prefect
+server hands it to one subscribed serve process, on any host. Nothing here schedules or
+queues: Prefect's server keeps the queue and picks the worker. The eval keeps what it does
+in-process (``flows/evaluate.py``): at most ``concurrency`` questions in flight, the same
+progress artifact, the same ``RunBatch`` of rows, summary, ``EvalResult`` and MLflow run;
+only where a question runs changes.
 
 - **Parameters and results on shared storage.** The request goes to the task-scheduling
   storage (``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK``) and the question's outcome
@@ -14,13 +15,15 @@ question runs changes.
   storage (``PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK``): storage every host reads, e.g. the
   prefect-aws ``S3Bucket`` block that ``deployments/stack.py up`` creates. The eval host
   stores the rows in the shared artifact store, once per run id.
-- **The eval's flow run, remotely.** ``.delay()`` inside the eval's flow run sends that
-  flow run's context along (Prefect's ``serialize_context``), and the worker runs the
+- **The eval's flow run, remotely.** A send carries the eval's flow run context (Prefect's
+  ``serialize_context``, made once per eval, as ``.delay()`` would for each send), and the
+  worker runs the
   question inside it: the question's step task runs belong to the eval's flow run, as
   in-process, and its log lines go to the eval.
-- **Idempotent run ids.** A question's run id is derived from the eval id, the question id
-  and the sample (``fleet_run_id``), not from the task run: the same question sent twice is
-  the same run, and ``RunBatch`` stores it once.
+- **Idempotent run ids.** A question's run id is derived from the question id and the
+  request's tags (the eval id and sample; a rollout's training run, step and index:
+  ``fleet_run_id``), not from the task run: the same question sent twice is the same run,
+  and ``RunBatch`` stores it once.
 - **A worker that dies.** Prefect redelivers a run a worker received but did not
   acknowledge; one that the worker had acknowledged stays Running (or Scheduled) for ever.
   The eval watches (``CHECK_S``) the server's list of subscribed task workers and the
