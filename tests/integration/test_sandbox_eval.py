@@ -32,8 +32,11 @@ HOSTILE = {
     "memory": "x = bytearray(4 * 1024**3)",
     "disk": "while True:\n    open(f'f{{id(object())}}', 'wb').write(b'x' * (1 << 20))",
     "late": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1)\n    open({late!r}, 'w').write('late')\nprint('bye')",  # noqa: E501
-    "fine": "print(6 * 7)",
+    "fine": "print(317 * 331)",
 }
+# What only "fine" prints: a number no path, port or pid in the others' tracebacks can hold
+# (a tmp dir named pytest-42 once made the "home" traceback verify as 42).
+FINE = "104927"
 
 
 @pytest.fixture()
@@ -59,7 +62,7 @@ def hostile_eval(tmp_path, monkeypatch):
     values["late"] = str(tmp_path / "late.txt")
     rows = [
         {"id": name, "question": f"What does this print?\n```python\n{code.format(**values)}\n```",
-         "reference": "42", "kind": "math"}
+         "reference": FINE, "kind": "math"}
         for name, code in HOSTILE.items()
     ]  # fmt: skip
     data = tmp_path / "hostile.jsonl"
@@ -92,7 +95,7 @@ def test_hostile_programs_through_eval(hostile_eval, tmp_path):
     request = EvalRequest(dataset=str(data), strategy="single:python", pool=str(pool),
                           concurrency=4, artifacts=str(art))  # fmt: skip
     result = evaluate(request)
-    assert result.n == len(HOSTILE) and result.correct == 1  # only "fine" prints 42
+    assert result.n == len(HOSTILE) and result.correct == 1  # only "fine" prints FINE
     time.sleep(1.5)  # the "late" grandchild would have written by now
     assert sentinel.poll() is None  # signals reached nothing outside the sandbox
     with pytest.raises(BlockingIOError):
