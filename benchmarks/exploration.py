@@ -93,7 +93,7 @@ def scheme(group: int, questions: Path, n: int, args: argparse.Namespace) -> dic
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         groups[r["question_id"]].append(r)
-    domains = {e.id: e.meta.get("domain", "?") for e in load_dataset(str(questions), "test")}
+    domains = {e.id: e.meta.get("domain", "?") for e in load_dataset(str(questions), split="test")}
     signal = dense = 0
     plans: set[tuple[str, str]] = set()
     solved_by: dict[str, list[bool]] = defaultdict(list)
