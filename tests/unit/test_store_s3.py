@@ -204,13 +204,16 @@ def test_atomic_publish_a_reader_never_sees_a_half_written_part(s3: S3Server, ro
     try:
         assert child.stdout.readline() == "done\n"  # one complete part, then read while it writes
         deadline = time.monotonic() + 60
-        while _open_uploads(s3) == uploads_before and time.monotonic() < deadline:
+        mid_upload = False  # seen by the look that ends the wait (a second look could miss it)
+        while time.monotonic() < deadline:
+            if _open_uploads(s3) > uploads_before:
+                mid_upload = True
+                break
             for info in fs.get_file_info(pafs.FileSelector(steps_dir, allow_not_found=True)):
                 if info.path not in seen and info.type == pafs.FileType.File:
                     seen.add(info.path)
                     if pq.read_metadata(info.path, filesystem=fs).num_rows != size:
                         partial.append(info.path)
-        mid_upload = _open_uploads(s3) > uploads_before
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
