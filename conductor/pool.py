@@ -88,6 +88,15 @@ class WorkerSpec(_Endpoint):
     kind: Literal["llm", "tool", "conductor"] = "llm"
     model: str = Field(default="", description="litellm model string; unused for kind conductor.")
     description: str = Field(default="", max_length=2000)
+    subtask: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="The subtask of this worker's one-step plan (`single:WORKER`) when the pool "
+        "shares the question, e.g. 'Run the program in the question.'; empty: the question "
+        "itself. A short subtask is also what a conductor learns from those runs, instead of "
+        "copying the question (issue #18).",
+    )
     fallbacks: tuple[str, ...] = Field(default=(), description="Other workers to try, in order.")
     cache: bool = Field(default=False, description="Cache calls at temperature 0.")
 

@@ -344,12 +344,23 @@ class _Plan:
     reason: str | None = None  # set when the run cannot go on
 
 
+def _single_subtask(strategy: Strategy, request: OrchestrateRequest, pool: Pool) -> str:
+    """The question itself, or the worker's own short ``subtask`` when the worker sees the
+    shared question anyway (the python tool runs the question's fenced program)."""
+    worker = next((w for w in pool.workers if w.name == strategy.worker), None)
+    if worker is not None and worker.subtask and pool.share_question:
+        return worker.subtask
+    return request.question
+
+
 def _make_plan(
     request: OrchestrateRequest, pool: Pool, strategy: Strategy, ids: _RunIds, usage: _Usage
 ) -> _Plan:
     """The plan for this run: written by the conductor, or built by a baseline strategy."""
     if strategy.kind == "single":
-        return _Plan(Workflow.single_step(strategy.worker or "", request.question))
+        return _Plan(
+            Workflow.single_step(strategy.worker or "", _single_subtask(strategy, request, pool))
+        )
     if strategy.kind == "self-consistency":
         return _Plan(
             self_consistency_plan(strategy.worker or "", request.question, strategy.samples)

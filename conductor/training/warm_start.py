@@ -61,24 +61,41 @@ def _workflow(lists_json: str, pool: Pool) -> Workflow | None:
     return Workflow(steps=tuple(steps))
 
 
-def _balanced_draw(rows: list[dict[str, Any]], limit: int, seed: int) -> list[dict[str, Any]]:
-    """At most ``limit`` rows, drawn round-robin over the workers their plans use.
+# A small worker set is repeated at most this many times over to match the largest one.
+MAX_REPEAT = 3
 
-    A plain seeded draw keeps the store's proportions, and those follow how often each worker
-    was right, not what the conductor must learn: 25 calculator, 25 python and 17 ``smol``
-    plans of 67 left knowledge questions the least represented (issue #18). Round-robin over
-    the plans' worker sets gives every kind of plan an equal share while there are enough.
+
+def _balanced_draw(rows: list[dict[str, Any]], limit: int, seed: int) -> list[dict[str, Any]]:
+    """At most ``limit`` rows, drawn round-robin over the worker sets their plans use, the
+    smaller sets repeated (at most ``MAX_REPEAT`` times over) until each has as many rows as
+    the largest set.
+
+    A plain draw keeps the store's proportions, and those follow how often each worker was
+    right, not what the conductor must learn. Issue #18 measured it twice: 17 ``smol`` plans
+    of 67 in the first warm start, and in the third run a second SFT round on all 112 stored
+    plans (fewer than the limit, so nothing was balanced) after which every knowledge
+    question went to the calculator. No set is drawn more often than the largest one has
+    rows, so a store of one worker's plans is used as it is.
     """
     rng = random.Random(seed)
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(row["workers"], []).append(row)
-    queues = [rng.sample(g, len(g)) for _, g in sorted(groups.items())]
+    largest = max((len(g) for g in groups.values()), default=0)
+    pending = [
+        (g, min(largest, MAX_REPEAT * len(g)), []) for _, g in sorted(groups.items())
+    ]  # (rows, how many to draw, the shuffled queue)
     drawn: list[dict[str, Any]] = []
-    while len(drawn) < limit and any(queues):
-        for queue in queues:
-            if queue and len(drawn) < limit:
+    counts = [0] * len(pending)
+    while len(drawn) < limit and any(
+        c < want for c, (_, want, _) in zip(counts, pending, strict=True)
+    ):
+        for i, (group, want, queue) in enumerate(pending):
+            if counts[i] < want and len(drawn) < limit:
+                if not queue:  # each pass over a set is a fresh shuffle of all of it
+                    queue.extend(rng.sample(group, len(group)))
                 drawn.append(queue.pop())
+                counts[i] += 1
     return drawn
 
 
@@ -99,9 +116,10 @@ def warm_start_examples(
     - at most ``per_question`` distinct plans per question, deduplicated, the shortest
       first (the simplest plan that was verified right: one tool step over a chain that
       also ended right);
-    - at most ``limit`` rows, drawn with ``seed`` round-robin over the workers the plans use
-      (``_balanced_draw``), so every kind of plan is represented whatever its share of the
-      store.
+    - balanced over the worker sets the plans use, with ``seed`` (``_balanced_draw``): the
+      smaller sets are repeated up to the largest one's count, at most ``limit`` rows in all
+      (every row once when ``limit`` is None), so every kind of plan has an equal share
+      whatever its share of the store.
     """
     missing = [c for c in WARM_START_COLUMNS if c not in runs.columns]
     if missing:
@@ -133,6 +151,6 @@ def warm_start_examples(
     rows: list[dict[str, Any]] = []
     for plans in candidates.values():
         rows.extend(plans[t] for t in sorted(plans, key=len)[:per_question])
-    if limit is not None and len(rows) > limit:
+    if limit is not None:
         rows = _balanced_draw(rows, limit, seed)
     return rows

@@ -127,6 +127,25 @@ def test_worker_sees_only_its_access_list_and_no_question_when_not_shared(tmp_pa
     ]
 
 
+def test_single_plan_gives_a_worker_its_own_subtask_only_when_the_question_is_shared(tmp_path):
+    worker = {"name": "echo", "model": "fake/echo", "subtask": "Run the program in the question."}
+    result, (step,), _ = run(
+        "Q?", make_pool(tmp_path, [worker]), tmp_path, "", strategy="single:echo"
+    )
+    assert step.instruction == "Run the program in the question."
+    assert result.answer == "echo: Run the program in the question."
+    assert json.loads(step.messages)[0] == {
+        "role": "system",
+        "content": "You are part of a team answering this question:\nQ?",
+    }
+    # The worker would not see the question: its subtask is the question itself.
+    other = tmp_path / "hidden"
+    other.mkdir()
+    hidden = make_pool(other, [worker], share_question=False)
+    result, (step,), _ = run("Q?", hidden, other, "", strategy="single:echo")
+    assert step.instruction == "Q?" and result.answer == "echo: Q?"
+
+
 def test_failed_step_skips_dependents_and_keeps_completed_work(tmp_path):
     pool = make_pool(
         tmp_path,

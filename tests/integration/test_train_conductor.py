@@ -312,6 +312,34 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
     assert (Path(result.adapter_dir) / "adapter_model.safetensors").exists()
 
 
+def test_grpo_on_the_mixed_set_stores_tagged_rollouts_of_every_domain(setup, tiny_base):
+    """The built-in mixed set through GRPO with the tiny model: the four training questions
+    (one per domain: every prefix of a split is balanced) are each rolled out, executed on
+    the pool and stored, tagged with the run, its step and the dataset (issue #18)."""
+    from conductor.data.datasets import MIXED_DOMAINS, load_dataset
+    from flows.train_conductor import train_conductor
+
+    _, pool, _ = setup
+    result = train_conductor(
+        _request("mixed", pool, tiny_base, limit=4, max_steps=2, eval_before=False, promote=False)
+    )
+    assert result.steps == 2
+    domain = {ex.id: ex.meta["domain"] for ex in load_dataset("mixed", split="train", limit=4)}
+    runs = ArtifactStore().read_pandas("runs")
+    rollouts = [
+        (r.question_id, dict(r.tags))
+        for r in runs.itertuples()
+        if "train_step" in dict(r.tags)
+    ]
+    assert len(rollouts) == 8  # 2 steps x batch 4
+    assert {domain[q] for q, _ in rollouts} == set(MIXED_DOMAINS)
+    assert all(
+        t["train_run"] == result.run_id and t["dataset"] == "mixed" and t["split"] == "train"
+        for _, t in rollouts
+    )
+    assert sorted({t["train_step"] for _, t in rollouts}) == ["0", "1"]
+
+
 def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base, tmp_path):
     """One base in memory: the adapter applies for the conductor, not for base workers."""
     from peft import LoraConfig, get_peft_model

@@ -179,11 +179,15 @@ def _child(root: str, mode: str, batches: int, size: int) -> subprocess.Popen[st
     return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=REPO)
 
 
-def _open_uploads(server: S3Server) -> int:
+def _open_uploads(server: S3Server, root: str) -> int:
+    """Unfinished multipart uploads under this test's root only: the server is shared by the
+    module, and another test's upload finishing (or starting) must not move the count."""
     import boto3  # moto's own dependency
 
     client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", **_boto_keys())
-    return len(client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []))
+    prefix = root.removeprefix(f"s3://{BUCKET}/")
+    found = client.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads", [])
+    return len(found)
 
 
 def _boto_keys() -> dict[str, str]:
@@ -200,13 +204,13 @@ def test_atomic_publish_a_reader_never_sees_a_half_written_part(s3: S3Server, ro
     steps_dir = f"{root.removeprefix('s3://')}/steps"
     child = _child(root, "big", 0, size)
     assert child.stdout is not None
-    uploads_before = _open_uploads(s3)
+    uploads_before = _open_uploads(s3, root)
     try:
         assert child.stdout.readline() == "done\n"  # one complete part, then read while it writes
         deadline = time.monotonic() + 60
         mid_upload = False  # seen by the look that ends the wait (a second look could miss it)
         while time.monotonic() < deadline:
-            if _open_uploads(s3) > uploads_before:
+            if _open_uploads(s3, root) > uploads_before:
                 mid_upload = True
                 break
             for info in fs.get_file_info(pafs.FileSelector(steps_dir, allow_not_found=True)):
@@ -224,7 +228,7 @@ def test_atomic_publish_a_reader_never_sees_a_half_written_part(s3: S3Server, ro
     assert len(visible) >= 1 and seen <= set(visible)
     assert all(pq.read_metadata(k, filesystem=fs).num_rows == size for k in visible)
     assert store.read("steps", columns=["run_id"]).num_rows == size * len(visible)
-    assert _open_uploads(s3) > uploads_before  # the killed upload exists, unfinished, unseen
+    assert _open_uploads(s3, root) > uploads_before  # the killed upload exists, unfinished, unseen
 
 
 # -- concurrent writers ------------------------------------------------------------------------

@@ -204,6 +204,29 @@ def test_warm_start_draw_is_balanced_over_the_workers_plans_use():
         assert sorted(workers) == ["calculator"] * 3 + ["smol"] * 3
 
 
+def test_warm_start_repeats_small_worker_sets_under_the_limit_too():
+    # 9 calculator plans, 2 smol plans, a limit of 160: fewer plans than the limit, yet the
+    # store's 9:2 is not what the conductor learns from (issue #18's third run). smol's two
+    # plans are repeated, at most 3 times over (6), never past the largest set (9).
+    frames = pd.concat(
+        [_runs(question=f"What is {i} + 1?") for i in range(9)]
+        + [
+            _runs(question=f"Capital {i}?", workflow_json=_plan(("smol", f"Capital {i}?")))
+            for i in range(2)
+        ],
+        ignore_index=True,
+    )
+    rows = warm_start_examples(frames, POOL, limit=160, seed=0)
+    workers = [parse_plan(r["completion"][0]["content"], POOL).steps[0].worker for r in rows]
+    assert workers.count("calculator") == 9 and workers.count("smol") == 6
+    assert len({r["prompt"][-1]["content"] for r in rows}) == 11  # every plan, none left out
+    # A store of one worker's plans is used as it is: nothing to balance, nothing repeated.
+    alone = warm_start_examples(frames.iloc[:9], POOL, limit=160, seed=0)
+    assert len(alone) == 9
+    # Without a limit every plan appears once.
+    assert len(warm_start_examples(frames, POOL)) == 11
+
+
 def test_warm_start_keeps_the_shortest_verified_plan_of_a_question():
     chain = _plan(("smol", "Work out 17 + 25 step by step."), ("calculator", "17 + 25"))
     frames = pd.concat(
