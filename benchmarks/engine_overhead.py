@@ -59,6 +59,10 @@ LATENCY_S = 0.5
 MODEL = f"fake/sleep-{LATENCY_S}"
 TARGET_OVERHEAD_S = 1.0
 PROBLEMS = ("database is locked", "Traceback", "CancelledError")
+# The child writes this line to stderr before each measured row, so the parent can say in
+# which row's time a problem line appeared (``stderr_by_row``); a traceback printed late (at a
+# loop's close or at exit) lands in a later row or in "exit".
+ROW_MARK = "== engine-overhead row: "
 VARIANT_SHAPES = ("fanout8", "grid16x4")
 MESSAGES = [{"role": "user", "content": "work"}]
 # The fake worker is priced like a model in litellm's map (gpt-4o-mini's prices): litellm
@@ -253,6 +257,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         heads, tails, stores = [], [], []
         deps = _deps(access)
         PLANS["top"] = _plan_text(access)
+        _mark(f"orchestrate {shape}")
         for i in range(args.repeat):
             root = str(home / "artifacts" / f"{shape}-{i}")
             request = OrchestrateRequest(question=f"{shape} #{i}", pool=str(pool), artifacts=root)
@@ -281,13 +286,32 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         for shape in VARIANT_SHAPES:
             access = _shapes()[shape]
             deps = _deps(access)
+            _mark(f"{name} {shape}")
             walls = [_timed(partial(run, deps), args.settle)[0] for _ in range(args.repeat)]
             variants.append({"variant": name, **_row(shape, access, walls)})
+    _mark("exit")
     starts = {"server_start_s": round(server_start, 3), "tiny_flow_s": round(tiny_flow, 3)}
     return {"results": results, "variants": variants, **starts}
 
 
+def _mark(row: str) -> None:
+    print(f"{ROW_MARK}{row}", file=sys.stderr, flush=True)
+
+
 # ---- parent: spawn the child, scan its stderr, note the load, print ----------------------
+
+
+def _problems_by_row(stderr: str) -> dict[str, list[str]]:
+    """``_problems`` of each stretch of stderr between the child's row marks ("setup" first)."""
+    sections, row = {"setup": []}, "setup"
+    for line in stderr.splitlines():
+        if line.startswith(ROW_MARK):
+            row = line.removeprefix(ROW_MARK)
+            sections.setdefault(row, [])
+        else:
+            sections[row].append(line)
+    found = {name: _problems("\n".join(lines)) for name, lines in sections.items()}
+    return {name: problems for name, problems in found.items() if problems}
 
 
 def _problems(stderr: str) -> list[str]:
@@ -350,6 +374,7 @@ def parent(args: argparse.Namespace) -> int:
     ok = all(r["overhead_s"] <= TARGET_OVERHEAD_S for r in report["results"])
     report |= {"target_overhead_s": TARGET_OVERHEAD_S, "pass": ok}
     report |= {"stderr_problems": _problems(proc.stderr), "cpus": os.cpu_count()}
+    report["stderr_by_row"] = _problems_by_row(proc.stderr)
     report["priced"] = not args.unpriced
     report["load"] = {
         "loadavg_1m_before": round(load, 2),
@@ -374,8 +399,9 @@ def parent(args: argparse.Namespace) -> int:
     if report["variants"]:
         print("\nplain Prefect variants\n" + _table(report["variants"], ["variant", *cols]))
     print(f"\n{'PASS' if ok else 'FAIL'}: target overhead_s <= {TARGET_OVERHEAD_S} for every shape")
-    for line in report["stderr_problems"]:
-        print(f"stderr problem: {line}")
+    for row, lines in report["stderr_by_row"].items():
+        for line in lines:
+            print(f"stderr problem during {row}: {line}")
     return 0
 
 
