@@ -327,9 +327,7 @@ def test_grpo_on_the_mixed_set_stores_tagged_rollouts_of_every_domain(setup, tin
     domain = {ex.id: ex.meta["domain"] for ex in load_dataset("mixed", split="train", limit=4)}
     runs = ArtifactStore().read_pandas("runs")
     rollouts = [
-        (r.question_id, dict(r.tags))
-        for r in runs.itertuples()
-        if "train_step" in dict(r.tags)
+        (r.question_id, dict(r.tags)) for r in runs.itertuples() if "train_step" in dict(r.tags)
     ]
     assert len(rollouts) == 8  # 2 steps x batch 4
     assert {domain[q] for q, _ in rollouts} == set(MIXED_DOMAINS)
