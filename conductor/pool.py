@@ -97,6 +97,14 @@ class WorkerSpec(_Endpoint):
         "itself. A short subtask is also what a conductor learns from those runs, instead of "
         "copying the question (issue #18).",
     )
+    system: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="A system prompt this llm worker gets before everything else of its step, "
+        "e.g. 'Answer the question in English in one short sentence.' (the embedded `smol`: "
+        "without it SmolLM2-135M answers some capital questions in French; issue #18).",
+    )
     fallbacks: tuple[str, ...] = Field(default=(), description="Other workers to try, in order.")
     cache: bool = Field(default=False, description="Cache calls at temperature 0.")
 
@@ -104,6 +112,11 @@ class WorkerSpec(_Endpoint):
     def _model_required(self) -> WorkerSpec:
         if self.kind != "conductor" and not self.model:
             raise ValueError(f"worker {self.name!r} of kind {self.kind!r} needs a model")
+        if self.system is not None and self.kind != "llm":
+            raise ValueError(
+                f"worker {self.name!r}: `system` is for llm workers; a {self.kind} worker reads "
+                "only its subtask and the steps it sees"
+            )
         return self
 
     @property

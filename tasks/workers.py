@@ -75,7 +75,8 @@ def step_messages(
     question: str, step: Step, visible: list[StepOutcome], instructions: list[str], pool: Pool
 ) -> list[dict[str, str]]:
     pairs = [(inst, out.output) for inst, out in zip(instructions, visible, strict=True)]
-    return worker_messages(question, step.instruction, pairs, pool.share_question)
+    system = pool.worker(step.worker).system
+    return worker_messages(question, step.instruction, pairs, pool.share_question, system)
 
 
 def call_with_fallbacks(

@@ -206,10 +206,12 @@ def worker_messages(
     instruction: str,
     visible: list[tuple[str, str]],
     share_question: bool = True,
+    system: str | None = None,
 ) -> list[dict[str, str]]:
     """What a worker sees (paper §3): the question, each visible step as a (subtask,
-    response) pair of turns, then its own subtask as the last user turn."""
-    messages: list[dict[str, str]] = []
+    response) pair of turns, then its own subtask as the last user turn. ``system`` is the
+    worker's own system prompt (``WorkerSpec.system``), first when given."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     if share_question and instruction.strip() != question.strip():
         messages.append(
             {

@@ -3,42 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.e2e.local_cli import run_cli
+
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_eval_three_arithmetic_questions_with_the_local_model(tmp_path):
-    env = {**os.environ, "CONDUCTOR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    env.pop("PREFECT_API_URL", None)
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli",
-            "eval",
-            "--dataset",
-            "arithmetic",
-            "--limit",
-            "3",
-            "--strategy",
-            "single:smol",
-            "--concurrency",
-            "3",
-            "--json",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    proc = run_cli(
+        tmp_path,
+        "eval",
+        "--dataset",
+        "arithmetic",
+        "--limit",
+        "3",
+        "--strategy",
+        "single:smol",
+        "--concurrency",
+        "3",
+        "--json",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

@@ -348,6 +348,11 @@ def test_plan_prints_the_validated_plan_without_running(tmp_path):
             "conductor: {model: x}\nworkers:\n  - {name: a, model: m, params: {api_key: sk-1}}\n",
             "'api_key' must not be written in the pool file",
         ),
+        (
+            "conductor: {model: x}\nworkers:\n  - {name: c, kind: tool, model: tool/calculator,"
+            " system: Be brief.}\n",
+            "worker 'c': `system` is for llm workers",
+        ),
         ("conductor: {model: x}\nworkers: [\n", "invalid YAML at line"),
         (
             "conductor: {model: x}\ndefault_worker: b\nworkers:\n  - {name: a, model: m}\n",

@@ -146,6 +146,28 @@ def test_single_plan_gives_a_worker_its_own_subtask_only_when_the_question_is_sh
     assert step.instruction == "Q?" and result.answer == "echo: Q?"
 
 
+def test_a_worker_system_prompt_comes_first_and_only_in_that_workers_steps(tmp_path):
+    workers = [
+        {"name": "brief", "model": "fake/echo", "system": "Answer in English."},
+        {"name": "echo", "model": "fake/echo"},
+    ]
+    plan = 'model_id = [0, 1]\nsubtasks = ["one", "two"]\naccess_list = [[], [0]]'
+    result, steps, _ = run("Q?", make_pool(tmp_path, workers), tmp_path, plan)
+    assert result.status == "completed"
+    first, second = (json.loads(s.messages) for s in steps)
+    assert first[0] == {"role": "system", "content": "Answer in English."}
+    assert first[1]["content"].endswith("Q?") and first[-1] == {"role": "user", "content": "one"}
+    assert all(m["content"] != "Answer in English." for m in second)
+    # The question itself as the subtask: the system prompt alone, no team turn.
+    other = tmp_path / "single"
+    other.mkdir()
+    result, (step,), _ = run("Q?", make_pool(other, workers), other, "", strategy="single:brief")
+    assert json.loads(step.messages) == [
+        {"role": "system", "content": "Answer in English."},
+        {"role": "user", "content": "Q?"},
+    ]
+
+
 def test_failed_step_skips_dependents_and_keeps_completed_work(tmp_path):
     pool = make_pool(
         tmp_path,
