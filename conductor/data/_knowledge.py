@@ -8,8 +8,9 @@ Topics were kept by measurement, not by assumption: SmolLM2-135M-Instruct (``sin
 greedy) on every fact of a topic with its first template, scored by ``verify_text``; a topic
 stays if it gets >= 80 %. Measured on 2026-12-02, 10 questions each with the first template:
 kept opposites 9/10, plurals 9/10, currencies 9/10, capitals 7/10 (kept: measured 10/10 in
-issue #18, and here it answers France, Italy and Spain in their own language; see
-docs/evaluation.md for the split's numbers); rejected past tense of irregular verbs 1/10 ("the
+issue #18, and here it answers France, Italy and Spain in their own language; the embedded
+pool's ``system: Answer in English.`` fixes France, see docs/evaluation.md for the split's
+numbers); rejected past tense of irregular verbs 1/10 ("the
 past tense of see is see"), baby animals 0/10, languages 1/10, colours 1/10, continents 1/10,
 the day or month after 0/10.
 Facts whose answer repeats the subject ("the plural of sheep") are left out: the echo of the
