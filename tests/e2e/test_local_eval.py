@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.e2e.local_cli import run_cli
+from tests.local_cli import run_cli
 
 pytestmark = pytest.mark.e2e
 

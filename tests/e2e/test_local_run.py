@@ -13,7 +13,7 @@ import json
 import pytest
 
 from conductor.data.store import ArtifactStore
-from tests.e2e.local_cli import run_cli
+from tests.local_cli import run_cli
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.local_cli import run_cli
+from tests.local_cli import run_cli
 
 pytestmark = pytest.mark.e2e
 

@@ -17,6 +17,7 @@ from conductor.data.store import ArtifactStore
 from conductor.plan.requests import EvalRequest, OrchestrateRequest
 from reward_model.model import RewardModelRequest, load_reward_model
 from tests.fakes import ANSWERS
+from tests.local_cli import run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
@@ -331,25 +332,7 @@ def test_pairs_can_be_limited_to_one_split(world):
 
 
 def _cli(tmp_path: Path, *args: str):
-    import os
-    import subprocess
-    import sys
-
-    env = {
-        **os.environ,
-        "CONDUCTOR_HOME": str(tmp_path / "home"),
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    }
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PREFECT_API_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_cli(tmp_path, *args, timeout=600)
 
 
 def test_cli_train_rm_with_too_few_pairs_says_so_in_one_line_and_exits_0(tmp_path):

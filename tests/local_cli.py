@@ -1,4 +1,4 @@
-"""The CLI as a new user runs it, for the end-to-end tests: a fresh home under the test's
+"""The CLI as a new user runs it, for the CLI tests: a fresh home under the test's
 temp directory, no Prefect server, no MLflow server and no API key from the outer shell."""
 
 from __future__ import annotations
