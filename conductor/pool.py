@@ -102,8 +102,8 @@ class WorkerSpec(_Endpoint):
         min_length=1,
         max_length=2000,
         description="A system prompt this llm worker gets before everything else of its step, "
-        "e.g. 'Answer the question in English in one short sentence.' (the embedded `smol`: "
-        "without it SmolLM2-135M answers some capital questions in French; issue #18).",
+        "e.g. 'Answer in English.' (the embedded `smol`: without it SmolLM2-135M answers "
+        "'What is the capital city of France?' in French; issue #18).",
     )
     fallbacks: tuple[str, ...] = Field(default=(), description="Other workers to try, in order.")
     cache: bool = Field(default=False, description="Cache calls at temperature 0.")
