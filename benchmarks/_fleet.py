@@ -124,6 +124,10 @@ def _killed_worker(args: Any, state, directory: Path, pool: Path, serves: list[S
     for serve in serves[KILLED_WORKERS:]:
         serve.stop()
     del serves[KILLED_WORKERS:]
+    while len(serves) < KILLED_WORKERS:  # ``--workers 1``: the killed eval still has 3
+        serves.append(Serve(state["hosts"][1 + len(serves)], pool, limit=args.serve_limit))
+    for serve in serves:
+        serve.wait_ready()
     victim = serves[-1]
     out = directory / "killed.json"
     started = time.monotonic()
@@ -157,6 +161,8 @@ def _killed_worker(args: Any, state, directory: Path, pool: Path, serves: list[S
         "wall_s": result["wall_s"],
         "rows": len(rows),
         "served_by_victim": sum(r["served_by"] == victim.id for r in rows),
+        # the eval's fan-out warnings (resends, failures): why a question was lost, if one was
+        "warnings": [line for line in err.splitlines() if "fan-out:" in line][-20:],
     }
 
 
