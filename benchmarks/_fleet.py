@@ -14,12 +14,19 @@ eval's in-flight bound (``--concurrency``) is above it.
 - ``killed_worker``: ``--killed-questions`` questions over 3 workers, one SIGKILLed as soon
   as it runs one of them. ``lost``: questions with no row in the shared runs table or that
   ended as failures; ``duplicated``: rows beyond one per question.
+
+Each scaling row also has ``cores``: the CPU each part of the system used during that eval,
+in cores (CPU seconds over the eval's wall time): the eval process (``eval``, from its
+rusage), the serve processes together (``serve``), Prefect's server, PostgreSQL, the S3
+server and MLflow's server (from ``/proc``, processes alive at both ends of the eval), and
+``machine``, every process. A part at about 1.0 is a single-threaded stage at its limit.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,6 +51,68 @@ from tests.fleet import (  # noqa: E402
 
 STACK = ROOT / "deployments" / "stack.py"
 KILLED_WORKERS = 3
+# What each long-lived process of the local stack is, by the words of its command line (path
+# parts included): every word of a role's set, or for MLflow any word that starts "mlflow"
+# (its server's own workers run ``mlflow.server…:app``). First match wins.
+_ROLES = (
+    ("serve", {"serve", "--pool"}),
+    ("prefect server", {"prefect", "server"}),
+    ("postgres", {"postgres"}),
+    ("s3", {"moto.server"}),
+)
+
+
+def _role(argv: list[str]) -> str | None:
+    words = set(argv) | {part for arg in argv[:1] for part in arg.split("/")}
+    for role, needed in _ROLES:
+        if needed <= words:
+            return role
+    return "mlflow" if any(w.startswith("mlflow") for w in words) else None
+
+
+def _cpu_by_pid() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every process of the stack, by pid, from ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        role = _role([a for a in argv if a])
+        if role is not None:
+            out[int(entry.name)] = (role, (int(stat[11]) + int(stat[12])) / tick)
+    return out
+
+
+def _machine_busy_s() -> float:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed_eval(host: dict[str, Any], argv: list[str]) -> tuple[Any, dict[str, float]]:
+    """``conductor(host, *argv)`` and the cores each part of the stack used meanwhile."""
+    before, children, busy = (
+        _cpu_by_pid(),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+        _machine_busy_s(),
+    )
+    started = time.monotonic()
+    result = conductor(host, *argv)
+    wall = time.monotonic() - started
+    after, done = _cpu_by_pid(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    used: dict[str, float] = {
+        "eval": done.ru_utime + done.ru_stime - children.ru_utime - children.ru_stime
+    }
+    for pid, (role, cpu) in after.items():
+        if pid in before and before[pid][0] == role:
+            used[role] = used.get(role, 0.0) + cpu - before[pid][1]
+    used["machine"] = _machine_busy_s() - busy
+    return result, {role: round(cpu / wall, 2) for role, cpu in used.items()}
 
 
 def _eval_args(pool: Path, questions: int, concurrency: int) -> list[str]:
@@ -89,8 +158,8 @@ def _measure(args: Any, state: dict[str, Any], directory: Path, workers: list[in
                 serves.append(Serve(others[len(serves)], pool, limit=args.serve_limit))
             for serve in serves:
                 serve.wait_ready()
-            result = conductor(
-                evaluator, *_eval_args(pool, args.fleet_questions, args.fleet_concurrency)
+            result, cores = _timed_eval(
+                evaluator, _eval_args(pool, args.fleet_questions, args.fleet_concurrency)
             )
             scaling[str(n)] = {
                 "workers": n,
@@ -98,6 +167,7 @@ def _measure(args: Any, state: dict[str, Any], directory: Path, workers: list[in
                 "failed": result["failed"],
                 "wall_s": result["wall_s"],
                 "questions_per_s": round(result["n"] / result["wall_s"], 3),
+                "cores": cores,
             }
         one = scaling[str(workers[0])]["questions_per_s"] / workers[0]
         for row in scaling.values():

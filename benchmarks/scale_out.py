@@ -310,6 +310,8 @@ def parent(args: argparse.Namespace) -> int:
         print(f"\nfleet: {report['fleet_settings']}  load={report['fleet_load']}")
         fleet_cols = ["workers", "questions", "failed", "wall_s", "questions_per_s", "efficiency"]
         print(_table(list(report["fleet_scaling"].values()), fleet_cols))
+        for row in report["fleet_scaling"].values():  # where the CPU went, in cores
+            print(f"  {row['workers']} workers, cores used: {row.get('cores')}")
         print(f"killed worker: {report['killed_worker']}")
         fleet_verdict = "PASS" if report["pass_fleet"] else "FAIL"
         print(

@@ -1,0 +1,156 @@
+"""Can a few-shot hint bootstrap expression-writing for word problems? (issue #18, moonshot)
+
+Verified self-sampling learns only from plans that were right. On word problems the
+conductor has written none: it gives the calculator a sentence or hands the problem to
+``smol``. This measures, with no training and no engine, whether showing it worked examples
+at sampling time (a *hint*: hand-written word problems of stories the generator does not
+use, each with the calculator expression) would make some of its samples right, which a round
+of self-sampling could then keep. Both arms run in the same process on the same questions:
+
+- ``plain``: the conductor's own prompt (the pool's prompt style, as ``conductor run``);
+- ``hint``: the same prompt plus the worked examples.
+
+Every sample is parsed with the engine's parser; a one-step calculator plan is evaluated with
+the calculator tool (the same function the worker runs) and compared with the reference,
+which only verifies. Reported per arm: valid plans, calculator plans, plans whose expression
+uses only numbers that appear in the question, right plans, and questions with a right plan.
+
+    python benchmarks/word_problem_hint.py [--questions 16] [--samples 4] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from conductor.data.datasets import load_dataset  # noqa: E402
+from conductor.errors import ConductorError  # noqa: E402
+from conductor.plan.parse import parse_plan  # noqa: E402
+from conductor.plan.prompts import conductor_messages, render_plan  # noqa: E402
+from conductor.plan.workflow import Workflow  # noqa: E402
+from conductor.pool import Pool, load_pool  # noqa: E402
+from conductor.providers.llm import complete  # noqa: E402
+from conductor.providers.tools.calculator import extract_expression  # noqa: E402
+from conductor.providers.tools.provider import answer_calculator  # noqa: E402
+
+# Stories the generator does not use (marbles, rolls, stamps, tulips), one per operation shape.
+HINT: tuple[tuple[str, str], ...] = (
+    (
+        "Sam has 12 marbles and wins 7 more, then loses 4. How many marbles does Sam have now?",
+        "12 + 7 - 4",
+    ),
+    (
+        "A baker bakes 6 trays of 15 rolls and sells 40 rolls. How many rolls are left?",
+        "6 * 15 - 40",
+    ),
+    (
+        "45 stamps are split equally among 3 friends, and each friend then buys 2 more. How many "
+        "stamps does each friend have?",
+        "45 / 3 + 2",
+    ),
+    (
+        "A gardener plants 8 rows of tulips in spring and 4 more rows in autumn, with 9 tulips in "
+        "every row. How many tulips did she plant?",
+        "(8 + 4) * 9",
+    ),
+)
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def hinted_messages(question: str, pool: Pool) -> list[dict[str, str]]:
+    messages = conductor_messages(question, pool)
+    shots = "\n\n".join(
+        f"Question: {q}\n{render_plan(Workflow.single_step('calculator', e), pool)}"
+        for q, e in HINT
+    )
+    messages[0]["content"] += (
+        "\n\nWord problems: write the arithmetic expression for the calculator.\n\n" + shots
+    )
+    return messages
+
+
+def _sample(pool: Pool, example: Any, messages: list[dict[str, str]], seed: int) -> dict:
+    text = complete(pool.conductor, messages, temperature=1.0, seed=seed).text
+    row = {
+        "question": example.question,
+        "text": text,
+        "valid": False,
+        "calculator": False,
+        "own_numbers": False,
+        "right": False,
+    }
+    try:
+        plan = parse_plan(text, pool)
+    except ConductorError:
+        return row
+    row["valid"] = True
+    if len(plan.steps) != 1 or plan.steps[0].worker != "calculator":
+        return row
+    row["calculator"] = True
+    subtask = plan.steps[0].instruction
+    try:
+        numbers = set(_NUMBER.findall(extract_expression(subtask, require_operator=True)))
+        value = answer_calculator([{"role": "user", "content": subtask}], sandbox="process")
+    except ConductorError:
+        return row
+    row["own_numbers"] = numbers <= set(_NUMBER.findall(example.question))
+    row["right"] = float(value) == float(example.reference)
+    return row
+
+
+def measure(questions: int, samples: int, seed: int) -> dict[str, Any]:
+    pool = load_pool()
+    train = load_dataset("mixed", split="train", seed=seed)
+    words = [e for e in train if e.meta.get("domain") == "word"][:questions]
+    arms = {"plain": conductor_messages, "hint": hinted_messages}
+    keys = ("valid", "calculator", "own_numbers", "right")
+    out: dict[str, Any] = {"questions": len(words), "samples": samples, "arms": {}}
+    for name, messages in arms.items():
+        started = time.perf_counter()
+        jobs = [(e, messages(e.question, pool), seed + k) for e in words for k in range(samples)]
+        with ThreadPoolExecutor(8) as executor:
+            rows = list(executor.map(lambda job: _sample(pool, *job), jobs))
+        out["arms"][name] = {
+            "plans": len(rows),
+            **{key: sum(r[key] for r in rows) for key in keys},
+            "questions_solved": len({r["question"] for r in rows if r["right"]}),
+            "wall_s": round(time.perf_counter() - started, 1),
+            "examples": [r["text"] for r in rows[:3]],
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = measure(args.questions, args.samples, args.seed)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{result['questions']} word problems × {result['samples']} samples at T=1")
+    print("| arm | valid | calculator | own numbers | right | questions solved | wall |")
+    print("|---|---|---|---|---|---|---|")
+    for name, arm in result["arms"].items():
+        print(
+            f"| {name} | {arm['valid']}/{arm['plans']} | {arm['calculator']} | "
+            f"{arm['own_numbers']} | {arm['right']} | {arm['questions_solved']} | "
+            f"{arm['wall_s']} s |"
+        )
+
+
+if __name__ == "__main__":
+    main()
