@@ -52,22 +52,27 @@ from tests.fleet import (  # noqa: E402
 STACK = ROOT / "deployments" / "stack.py"
 KILLED_WORKERS = 3
 # What each long-lived process of the local stack is, by the words of its command line (path
-# parts included): every word of a role's set, or for MLflow any word that starts "mlflow"
-# (its server's own workers run ``mlflow.server…:app``). First match wins.
+# parts included): every word of a role's set, else a word that starts with a prefix
+# (PostgreSQL's processes rename themselves "postgres: checkpointer", …; MLflow's server
+# workers run ``mlflow.server…:app``). First match wins.
 _ROLES = (
     ("serve", {"serve", "--pool"}),
     ("prefect server", {"prefect", "server"}),
-    ("postgres", {"postgres"}),
     ("s3", {"moto.server"}),
 )
+_PREFIXES = (("postgres", "postgres"), ("mlflow", "mlflow"))
 
 
 def _role(argv: list[str]) -> str | None:
-    words = set(argv) | {part for arg in argv[:1] for part in arg.split("/")}
+    words = {w for arg in argv for w in arg.split()}
+    words |= {part for arg in argv[:1] for part in arg.split("/")}
     for role, needed in _ROLES:
         if needed <= words:
             return role
-    return "mlflow" if any(w.startswith("mlflow") for w in words) else None
+    for role, prefix in _PREFIXES:
+        if any(w.startswith(prefix) for w in words):
+            return role
+    return None
 
 
 def _cpu_by_pid() -> dict[int, tuple[str, float]]:
