@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.engine_overhead import _busy_cpu_s  # noqa: E402
 from tests.fleet import (  # noqa: E402
     CLI,
     Serve,
@@ -93,18 +94,12 @@ def _cpu_by_pid() -> dict[int, tuple[str, float]]:
     return out
 
 
-def _machine_busy_s() -> float:
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    idle = fields[3] + fields[4]
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def _timed_eval(host: dict[str, Any], argv: list[str]) -> tuple[Any, dict[str, float]]:
     """``conductor(host, *argv)`` and the cores each part of the stack used meanwhile."""
     before, children, busy = (
         _cpu_by_pid(),
         resource.getrusage(resource.RUSAGE_CHILDREN),
-        _machine_busy_s(),
+        _busy_cpu_s(),
     )
     started = time.monotonic()
     result = conductor(host, *argv)
@@ -116,7 +111,7 @@ def _timed_eval(host: dict[str, Any], argv: list[str]) -> tuple[Any, dict[str, f
     for pid, (role, cpu) in after.items():
         if pid in before and before[pid][0] == role:
             used[role] = used.get(role, 0.0) + cpu - before[pid][1]
-    used["machine"] = _machine_busy_s() - busy
+    used["machine"] = _busy_cpu_s() - busy
     return result, {role: round(cpu / wall, 2) for role, cpu in used.items()}
 
 
