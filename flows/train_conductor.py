@@ -11,8 +11,8 @@ experiment ``train/conductor``:
 3. rounds of verified self-sampling (``self_sample_rounds``, issue #18): the warm-started
    conductor samples ``self_sample_k`` plans at ``temperature`` for each of
    ``self_sample_questions`` fresh training questions, every plan runs and is verified like
-   any run, and the SFT is redone from the base on the store's verified-correct plans, so a
-   plan the conductor found itself (a word problem it turned into an expression) becomes a
+   any run, and the adapter goes on training (SFT) on that round's verified-correct plans, so
+   a plan the conductor found itself (a word problem it turned into an expression) becomes a
    target; with ``eval_stages`` each stage's conductor is evaluated on the held-out split;
 4. GRPO (skipped when ``max_steps`` is 0): the policy samples ``num_generations`` plans
    per question, every plan runs as an ``orchestrate`` subflow (a step's rollouts
@@ -203,13 +203,16 @@ def _eval(request: TrainConductorRequest, conductor: str | None, name: str, pare
     return result
 
 
-def _warm_start_data(request: TrainConductorRequest, pool: Pool, heldout: list) -> list:
+def _warm_start_data(
+    request: TrainConductorRequest, pool: Pool, heldout: list, tags: dict | None = None
+) -> list:
     return warm_start_examples(
         ArtifactStore().read_pandas("runs"),
         pool,
         exclude_questions=[e.question for e in heldout],
         limit=request.warm_start_examples,
         seed=request.seed,
+        tags=tags,
     )
 
 
@@ -270,7 +273,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         )
         before_conductor = request.init_adapter or f"pool conductor ({pool.conductor.model})"
         init = resolve_conductor(request.init_adapter).path if request.init_adapter else None
-        n_warm = None
+        n_warm, n_self = None, 0
         stages: list[StageScore] = []
         # With fan_out, every plan of this run (self-sampling, GRPO rollouts, evals) is
         # executed by the fleet's `conductor serve` processes, not by the trainer's host.
@@ -312,12 +315,22 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
                 log.info(
                     "self-sampling round %d: %d of %d plans right", round_, right, len(outcomes)
                 )
-                examples = _warm_start_data(request, pool, heldout)
-                n_warm = len(examples)
-                init = warm_start_train(
-                    request, examples, output_dir, run_id, stage=f"round-{round_}"
-                )
-                stage_score(f"round-{round_}", init, examples=n_warm, rollouts=len(outcomes))
+                # The round's own verified plans only, trained on top of the last adapter.
+                mine = {"train_run": run_id, "self_sample_round": str(round_)}
+                examples = _warm_start_data(request, pool, heldout, tags=mine)
+                if examples:
+                    n_self += len(examples)
+                    init = warm_start_train(
+                        request,
+                        examples,
+                        output_dir,
+                        run_id,
+                        stage=f"round-{round_}",
+                        init_adapter=init,
+                    )
+                else:
+                    log.info("self-sampling round %d: no new plan, the adapter is kept", round_)
+                stage_score(f"round-{round_}", init, examples=len(examples), rollouts=len(outcomes))
         if request.max_steps:
             source = f"grpo:{run_id}"
             reward = ExecutedPlanReward(rollout_executor(request, source, run_id, fleet))
@@ -388,7 +401,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         promoted=registration.promoted,
         incumbent_accuracy=registration.champion_accuracy,
         before_conductor=before_conductor if before else None,
-        started_from=_started_from(request, n_warm),
+        started_from=_started_from(request, n_warm, n_self),
         stages=stages,
     )
 
@@ -413,6 +426,9 @@ def _incumbent_accuracy(
     return _eval(request, None, "incumbent", run_id).accuracy
 
 
-def _started_from(request: TrainConductorRequest, n_warm: int | None) -> str:
+def _started_from(request: TrainConductorRequest, n_warm: int | None, n_self: int = 0) -> str:
     start = request.init_adapter or f"{request.base} + a new LoRA"
-    return f"{start}, warm-started on {n_warm} plans" if n_warm else start
+    if not n_warm:
+        return start
+    start = f"{start}, warm-started on {n_warm} plans"
+    return f"{start}, then on {n_self} of its own verified plans" if n_self else start

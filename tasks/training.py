@@ -137,23 +137,31 @@ def warm_start_train(
     output_dir: Path,
     parent_run_id: str,
     stage: str = "warm-start",
+    init_adapter: Path | None = None,
 ) -> Path:
-    """TRL ``SFTTrainer`` + a new LoRA on verified-correct plans; returns the adapter
-    directory ``output_dir/stage``. Every round starts from the base model, so a round's
-    adapter depends only on the plans it was given (expert iteration, not drift)."""
+    """TRL ``SFTTrainer`` on verified-correct plans; returns the adapter directory
+    ``output_dir/stage``. Without ``init_adapter`` it trains a new LoRA on the base model;
+    with one (a self-sampling round) it goes on training that adapter on the new plans only,
+    so a round costs what its own plans cost, not a retraining on everything stored."""
     from datasets import Dataset
+    from peft import PeftModel
     from trl import SFTTrainer
 
     use_all_cores()
     mlflow = _mlflow()
     model, tokenizer = load_trainable_base(request.base)
+    peft_config = None
+    if init_adapter is not None:
+        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
+    else:
+        peft_config = lora_config(request)
     rows = [{"prompt": e["prompt"], "completion": e["completion"]} for e in examples]
     trainer = SFTTrainer(
         model=model,
         args=sft_config(request, output_dir / "sft", len(rows), stage),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=lora_config(request),
+        peft_config=peft_config,
     )
     started = time.perf_counter()
     # TRL's callback logs the curves during train(): a server lost then is one line too.
@@ -170,6 +178,7 @@ def warm_start_train(
         examples=len(rows),
         steps=result.global_step,
         mlflow_run=parent_run_id,
+        continued_from=str(init_adapter) if init_adapter else None,
     )
     get_run_logger().info(
         "%s: %d examples, %d steps, loss %.3f -> %s",

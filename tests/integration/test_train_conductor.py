@@ -307,9 +307,45 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
     assert {r.conductor_model for r in sampled} == {
         f"local/{Path(result.adapter_dir).parent}/warm-start"
     }
-    # The registered adapter is the last SFT round's.
-    assert Path(result.adapter_dir).name == "round-1"
-    assert (Path(result.adapter_dir) / "adapter_model.safetensors").exists()
+    # The tiny model's 16-token plans never verify, so the round has no plan of its own to
+    # train on: it says so and the warm-started adapter is the one kept and registered.
+    assert not any(r.correct and r.workflow_json for r in sampled)
+    assert result.stages[1].examples == 0
+    assert Path(result.adapter_dir).name == "warm-start"
+    assert result.started_from.endswith("warm-started on 1 plans")
+
+
+def test_a_self_sampling_round_goes_on_training_the_last_adapter(setup, tiny_base, tmp_path):
+    """A round's SFT continues the adapter it is given (its LoRA, not a new one of the
+    request's rank), on the round's plans only, and its provenance says what it continued."""
+    from tasks.training import start_training_run, warm_start_train
+
+    data, pool, _ = setup
+    request = _request(data, pool, tiny_base, warm_start_epochs=3)  # warm-up: step 0 has lr 0
+    run_id = start_training_run(request, {})
+    example = {
+        "prompt": [{"role": "user", "content": "Question: What is 2 + 2?"}],
+        "completion": [{"role": "assistant", "content": 'model_id = ["oracle"]'}],
+    }
+    out = tmp_path / "adapters"
+    first = warm_start_train(request, [example], out, run_id)
+    other_rank = request.model_copy(update={"lora_r": 4})  # what a new LoRA would get
+    second = warm_start_train(
+        other_rank, [example, example], out, run_id, stage="round-1", init_adapter=first
+    )
+    assert second == out / "round-1"
+    rank = [json.loads((d / "adapter_config.json").read_text())["r"] for d in (first, second)]
+    assert rank == [request.lora_r, request.lora_r] != [4, 4]
+    before = load_file(first / "adapter_model.safetensors")
+    after = load_file(second / "adapter_model.safetensors")
+    assert before.keys() == after.keys()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    provenance = json.loads((second / "conductor.json").read_text())["provenance"]
+    assert provenance["continued_from"] == str(first)
+    assert provenance["examples"] == 2
+    assert (
+        json.loads((first / "conductor.json").read_text())["provenance"]["continued_from"] is None
+    )
 
 
 def test_grpo_on_the_mixed_set_stores_tagged_rollouts_of_every_domain(setup, tiny_base):
