@@ -8,7 +8,8 @@ use, each with the calculator expression) would make some of its samples right, 
 of self-sampling could then keep. Both arms run in the same process on the same questions:
 
 - ``plain``: the conductor's own prompt (the pool's prompt style, as ``conductor run``);
-- ``hint``: the same prompt plus the worked examples.
+- ``hint``: the same prompt plus the worked examples of the built-in ``word-problems`` hint
+  file, as ``train-conductor --self-sample-hints word-problems`` samples.
 
 Every sample is parsed with the engine's parser; a one-step calculator plan is evaluated with
 the calculator tool (the same function the worker runs) and compared with the reference,
@@ -36,47 +37,22 @@ if str(ROOT) not in sys.path:
 from conductor.data.datasets import load_dataset  # noqa: E402
 from conductor.errors import ConductorError  # noqa: E402
 from conductor.plan.parse import parse_plan  # noqa: E402
-from conductor.plan.prompts import conductor_messages, render_plan  # noqa: E402
-from conductor.plan.workflow import Workflow  # noqa: E402
+from conductor.plan.prompts import conductor_messages  # noqa: E402
 from conductor.pool import Pool, load_pool  # noqa: E402
 from conductor.providers.llm import complete  # noqa: E402
 from conductor.providers.tools.calculator import extract_expression  # noqa: E402
 from conductor.providers.tools.provider import answer_calculator  # noqa: E402
+from conductor.training.hints import load_hint  # noqa: E402
 
-# Stories the generator does not use (marbles, rolls, stamps, tulips), one per operation shape.
-HINT: tuple[tuple[str, str], ...] = (
-    (
-        "Sam has 12 marbles and wins 7 more, then loses 4. How many marbles does Sam have now?",
-        "12 + 7 - 4",
-    ),
-    (
-        "A baker bakes 6 trays of 15 rolls and sells 40 rolls. How many rolls are left?",
-        "6 * 15 - 40",
-    ),
-    (
-        "45 stamps are split equally among 3 friends, and each friend then buys 2 more. How many "
-        "stamps does each friend have?",
-        "45 / 3 + 2",
-    ),
-    (
-        "A gardener plants 8 rows of tulips in spring and 4 more rows in autumn, with 9 tulips in "
-        "every row. How many tulips did she plant?",
-        "(8 + 4) * 9",
-    ),
-)
+HINT = "word-problems"  # stories the generator does not use, one per operation shape
+
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def hinted_messages(question: str, pool: Pool) -> list[dict[str, str]]:
-    messages = conductor_messages(question, pool)
-    shots = "\n\n".join(
-        f"Question: {q}\n{render_plan(Workflow.single_step('calculator', e), pool)}"
-        for q, e in HINT
-    )
-    messages[0]["content"] += (
-        "\n\nWord problems: write the arithmetic expression for the calculator.\n\n" + shots
-    )
-    return messages
+    """The prompt hinted self-sampling sends: the built-in ``word-problems`` hint file
+    (``conductor/training/hints``) after the conductor's instructions."""
+    return conductor_messages(question, pool.with_conductor_hint(load_hint(HINT, pool)))
 
 
 def _sample(pool: Pool, example: Any, messages: list[dict[str, str]], seed: int) -> dict:

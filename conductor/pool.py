@@ -79,6 +79,12 @@ class ConductorSpec(_Endpoint):
         "(for trained conductors, which learnt the format). Default: what a trained adapter "
         "was trained with, else full.",
     )
+    hint: str | None = Field(
+        default=None,
+        max_length=20_000,
+        description="Text added at the end of the conductor's instructions, e.g. worked "
+        "examples (what train-conductor's --self-sample-hints gives the sampling conductor).",
+    )
 
 
 class WorkerSpec(_Endpoint):
@@ -193,6 +199,12 @@ class Pool(BaseModel):
             params["seed"] = seed
         return self.model_copy(
             update={"conductor": self.conductor.model_copy(update={"params": params})}
+        )
+
+    def with_conductor_hint(self, hint: str) -> Pool:
+        """A copy whose conductor reads ``hint`` after its instructions."""
+        return self.model_copy(
+            update={"conductor": self.conductor.model_copy(update={"hint": hint})}
         )
 
     def index_of(self, name: str) -> int:

@@ -56,14 +56,21 @@ def train_conductor_cmd(
     self_sample_rounds: Annotated[
         int,
         typer.Option(
-            help="Rounds of verified self-sampling after the warm start (the conductor's own "
-            "verified-correct plans join the SFT data; 0: none)."
+            help="Rounds of verified self-sampling after the warm start (the adapter goes on "
+            "training on the conductor's own verified-correct plans; 0: none)."
         ),
     ] = 1,
     self_sample_questions: Annotated[
         int, typer.Option(help="Fresh training questions per self-sampling round.")
     ] = 100,
     self_sample_k: Annotated[int, typer.Option(help="Plans sampled per question.")] = 4,
+    self_sample_hints: Annotated[
+        str | None,
+        typer.Option(
+            help="Worked examples the conductor reads while it self-samples only: a YAML file "
+            "or a built-in name (word-problems)."
+        ),
+    ] = None,
     eval_stages: Annotated[
         bool,
         typer.Option(
@@ -121,6 +128,7 @@ def train_conductor_cmd(
         self_sample_rounds=self_sample_rounds,
         self_sample_questions=self_sample_questions,
         self_sample_k=self_sample_k,
+        self_sample_hints=self_sample_hints,
         fan_out=fan_out,
         eval_stages=eval_stages,
         collect_limit=collect_limit,
@@ -136,6 +144,11 @@ def train_conductor_cmd(
         promote=not no_promote,
         seed=seed,
     )
+    if self_sample_hints:
+        from conductor.pool import load_pool
+        from conductor.training.hints import load_hint
+
+        load_hint(self_sample_hints, load_pool(request.pool))  # a bad file: one line, now
     if orchrm_weight:
         from reward_model.model import CHAMPION, load_reward_model
 

@@ -448,6 +448,8 @@ def _run_request(
         pool = with_conductor(pool, request.conductor)
     if request.conductor_temperature is not None:
         pool = pool.with_conductor_sampling(request.conductor_temperature, request.seed)
+    if request.conductor_hint:
+        pool = pool.with_conductor_hint(request.conductor_hint)
     strategy = parse_strategy(request.strategy, pool)
     if strategy.kind == "self-consistency":
         pool = pool.with_sampling(strategy.worker or "", SELF_CONSISTENCY_TEMPERATURE)

@@ -13,7 +13,9 @@ experiment ``train/conductor``:
    ``self_sample_questions`` fresh training questions, every plan runs and is verified like
    any run, and the adapter goes on training (SFT) on that round's verified-correct plans, so
    a plan the conductor found itself (a word problem it turned into an expression) becomes a
-   target; with ``eval_stages`` each stage's conductor is evaluated on the held-out split;
+   target; ``self_sample_hints`` adds worked examples to the sampling prompt only
+   (``conductor.training.hints``); with ``eval_stages`` each stage's conductor is evaluated on
+   the held-out split;
 4. GRPO (skipped when ``max_steps`` is 0): the policy samples ``num_generations`` plans
    per question, every plan runs as an ``orchestrate`` subflow (a step's rollouts
    concurrently), is verified and stored in the ``runs``/``steps`` tables tagged with the
@@ -53,6 +55,7 @@ from conductor.training.config import (
     TrainConductorResult,
     rollout_request,
 )
+from conductor.training.hints import load_hint
 from conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
 from conductor.training.warm_start import warm_start_examples
 from flows.best_of_n import run_question
@@ -150,19 +153,24 @@ def self_sample(
     round_: int,
     run_id: str,
     fleet: Fleet | None = None,
+    hint: str | None = None,
 ) -> list[RolloutOutcome | None]:
     """One round of verified self-sampling: the conductor ``adapter`` writes
     ``self_sample_k`` plans per question at ``temperature`` (seeds ``seed .. seed + k - 1``),
     each runs through ``orchestrate`` and is verified and stored like any run (tagged
     ``self_sample_round``). Its verified-correct plans are warm-start data for the next
-    round; the reference only verifies, it never becomes a target."""
+    round; the reference only verifies, it never becomes a target. ``hint`` (worked examples,
+    ``conductor.training.hints``) is added to the sampling prompt only: the plans are trained
+    with the standard prompt."""
+    hinted = {"self_sample_hints": request.self_sample_hints} if hint else {}
     requests = [
         rollout_request(
             request,
             ex,
-            {"train_run": run_id, "self_sample_round": str(round_), "sample": str(k)},
+            {"train_run": run_id, "self_sample_round": str(round_), "sample": str(k), **hinted},
             conductor=str(adapter),
             conductor_temperature=request.temperature,
+            conductor_hint=hint,
             seed=request.seed + k,
         )
         for ex in questions
@@ -257,6 +265,8 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
     started = time.perf_counter()
     log = get_run_logger()
     pool = _training_pool(request)
+    # A bad hint file is one clear error before anything runs.
+    hint = load_hint(request.self_sample_hints, pool) if request.self_sample_hints else None
     train = load_dataset(
         request.dataset, split=request.split, limit=request.limit, seed=request.seed
     )
@@ -310,7 +320,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
             stage_score("warm-start", init, examples=n_warm)
             for round_ in range(1, request.self_sample_rounds + 1):
                 questions = _round_questions(request, train, round_)
-                outcomes = self_sample(request, questions, init, round_, run_id, fleet)
+                outcomes = self_sample(request, questions, init, round_, run_id, fleet, hint)
                 right = sum(bool(o and o.correct) for o in outcomes)
                 log.info(
                     "self-sampling round %d: %d of %d plans right", round_, right, len(outcomes)

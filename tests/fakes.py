@@ -9,7 +9,8 @@ Behaviours, from the model name:
 - ``fake/badrequest``: always raises ``BadRequestError``;
 - ``fake/lookup``: answers ``ANSWERS[last user message]`` (or "I don't know");
 - ``fake/plan``: a scripted conductor: answers ``PLANS["nested"]`` to a recursion round
-  (its prompt shows an earlier workflow) and ``PLANS["top"]`` otherwise.
+  (its prompt shows an earlier workflow) and ``PLANS["top"]`` otherwise; the messages of
+  each call are appended to ``PLAN_PROMPTS``.
 
 ``CALLS`` counts calls per model name, so tests can assert what was (not) retried.
 """
@@ -30,6 +31,7 @@ from conductor.providers._litellm import litellm
 CALLS: Counter[str] = Counter()
 PLANS: dict[str, str] = {"top": "", "nested": ""}
 ANSWERS: dict[str, str] = {}
+PLAN_PROMPTS: list[list[dict[str, Any]]] = []
 _lock = threading.Lock()
 
 
@@ -56,6 +58,7 @@ class FakeLLM(CustomLLM):
             count = CALLS[name]
         last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         if name == "plan":
+            PLAN_PROMPTS.append(list(messages))
             nested = any("An earlier workflow was" in str(m.get("content")) for m in messages)
             return _respond(model, PLANS["nested" if nested else "top"], messages)
         if name == "lookup":

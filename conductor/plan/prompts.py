@@ -126,12 +126,13 @@ def prompt_style(pool: Pool) -> PromptStyle:
 
 def _system(pool: Pool, max_steps: int | None) -> str:
     rules = FORMAT_RULES.format(max_steps=max_steps or pool.max_steps)
+    hint = f"\n\n{pool.conductor.hint.strip()}" if pool.conductor.hint else ""
     if prompt_style(pool) == "compact":
-        return f"{rules}\nYour models:\n{describe_pool(pool)}"
+        return f"{rules}\nYour models:\n{describe_pool(pool)}{hint}"
     shots = "\n\n".join(f"Question: {q}\n{a}" for q, a in EXAMPLES)
     return (
         f"{rules}\nYour models:\n{describe_pool(pool)}\n\n"
-        f"Examples (for a different pool):\n\n{shots}"
+        f"Examples (for a different pool):\n\n{shots}{hint}"
     )
 
 

@@ -88,6 +88,12 @@ class OrchestrateRequest(BaseModel):
         description="Sample the conductor at this temperature (seeded by seed); "
         "default: the pool's setting.",
     )
+    conductor_hint: str | None = Field(
+        default=None,
+        max_length=20_000,
+        description="Text added to the conductor's instructions for this run only (the "
+        "worked examples of hinted self-sampling); default: the pool's hint.",
+    )
 
 
 class RunResult(BaseModel):

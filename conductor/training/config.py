@@ -101,6 +101,12 @@ class TrainConductorRequest(BaseModel):
         default=100, ge=1, description="Training questions per self-sampling round."
     )
     self_sample_k: int = Field(default=4, ge=1, le=16, description="Plans sampled per question.")
+    self_sample_hints: str | None = Field(
+        default=None,
+        description="Worked examples the conductor reads while it self-samples, never in a "
+        "training prompt: a YAML file or a built-in name (word-problems); see "
+        "conductor/training/hints.py.",
+    )
     eval_stages: bool = Field(
         default=False,
         description="Also evaluate every intermediate conductor (warm start, each round) on "

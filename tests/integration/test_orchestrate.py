@@ -18,7 +18,7 @@ import yaml
 from conductor.data.records import StepRecord
 from conductor.data.store import ArtifactStore
 from conductor.plan.requests import OrchestrateRequest, RunResult
-from tests.fakes import ANSWERS, CALLS, PLANS
+from tests.fakes import ANSWERS, CALLS, PLAN_PROMPTS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
@@ -241,6 +241,22 @@ def test_invalid_plan_falls_back_to_one_step(tmp_path):
     runs = ArtifactStore(str(tmp_path / "artifacts")).read_pandas("runs")
     assert runs.loc[0, "format_valid"] == False  # noqa: E712
     assert runs.loc[0, "conductor_output"] == "I think the answer is 4."
+
+
+def test_a_conductor_hint_reaches_that_runs_conductor_only(tmp_path):
+    """``conductor_hint`` (hinted self-sampling) is read after the conductor's instructions
+    in the run that carries it, and in no other run."""
+    pool = make_pool(tmp_path, [{"name": "echo", "model": "fake/echo"}])
+    plan = 'model_id = [0]\nsubtasks = ["say hi"]\naccess_list = [[]]'
+    PLAN_PROMPTS.clear()
+    hinted, _, _ = run("Q1?", pool, tmp_path, plan, conductor_hint="Worked example: HINT-42")
+    plain, _, _ = run("Q2?", pool, tmp_path, plan)
+    assert hinted.status == plain.status == "completed"
+    systems = [messages[0]["content"] for messages in PLAN_PROMPTS]
+    assert len(systems) == 2
+    assert systems[0].endswith("\n\nWorked example: HINT-42")
+    assert "HINT-42" not in systems[1]
+    assert systems[0].removesuffix("\n\nWorked example: HINT-42") == systems[1]
 
 
 def test_invalid_plan_in_error_mode_fails_the_run(tmp_path):

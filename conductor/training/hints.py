@@ -1,0 +1,108 @@
+"""Hints for verified self-sampling: worked examples the conductor reads only while it samples.
+
+Self-sampling keeps the plans that were verified right, so it learns nothing on a domain where
+the conductor writes none: on word problems the shipped conductor hands the calculator a
+sentence (0 right of 64 samples, ``benchmarks/word_problem_hint.py``). A hint file adds a few
+worked examples to the *sampling* prompt (3 right of 64 with the built-in
+``word-problems`` file); the plans kept are trained with the standard prompt, so the hint is
+never part of what the conductor is trained to see, and the reference still only verifies.
+
+A hint file is YAML::
+
+    note: "Word problems: write the arithmetic expression for the calculator."
+    examples:
+      - question: "Sam has 12 marbles and wins 7 more, then loses 4. How many ...?"
+        steps: [{worker: calculator, subtask: "12 + 7 - 4"}]   # access: [] by default
+
+Each example's plan is rendered for the pool (``render_plan``, the format the conductor is
+trained on) and checked with the engine's parser, so a hint that names a worker the pool
+lacks, or reads a later step, is one clear error before anything is sampled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from conductor.errors import ConductorError, PlanError
+from conductor.plan.parse import parse_plan
+from conductor.plan.prompts import render_plan
+from conductor.plan.workflow import Step, Workflow
+from conductor.pool import Pool
+
+__all__ = ["BUILTIN_HINTS", "HintError", "load_hint"]
+
+#: Hint files shipped with the package, by name.
+BUILTIN_HINTS = {p.stem: p for p in sorted((Path(__file__).parent / "hints").glob("*.yaml"))}
+
+
+class HintError(ConductorError):
+    """A hint file is missing, malformed, or does not fit the pool."""
+
+
+class _HintStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker: str = Field(min_length=1)
+    subtask: str = Field(min_length=1)
+    access: list[int] = Field(default_factory=list)
+
+
+class _HintExample(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1)
+    steps: list[_HintStep] = Field(min_length=1)
+
+
+class _HintFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: str = ""
+    examples: list[_HintExample] = Field(min_length=1, max_length=16)
+
+
+def _read(source: str) -> tuple[Path, Any]:
+    path = BUILTIN_HINTS.get(source) or Path(source).expanduser()
+    try:
+        return path, yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        names = ", ".join(BUILTIN_HINTS)
+        raise HintError(f"{source}: no such hint file (built-in: {names})") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise HintError(f"{path}: cannot read hint file ({' '.join(str(exc).split())})") from None
+
+
+def load_hint(source: str, pool: Pool) -> str:
+    """The hint text of ``source`` (a built-in name or a YAML path) for ``pool``."""
+    path, data = _read(source)
+    try:
+        hints = _HintFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top level"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise HintError(f"{path}: {where}: {first['msg']}{more}") from None
+    names = {w.name for w in pool.workers}
+    shots = []
+    for n, example in enumerate(hints.examples):
+        unknown = sorted({s.worker for s in example.steps} - names)
+        if unknown:
+            raise HintError(
+                f"{path}: examples.{n}: worker {unknown[0]!r} is not in the pool "
+                f"(workers: {', '.join(sorted(names))})"
+            )
+        steps = tuple(
+            Step(index=i, worker=s.worker, instruction=s.subtask, access=tuple(s.access))
+            for i, s in enumerate(example.steps)
+        )
+        text = render_plan(Workflow(steps=steps), pool)
+        try:
+            parse_plan(text, pool)
+        except PlanError as exc:
+            raise HintError(f"{path}: examples.{n}: {exc}") from None
+        shots.append(f"Question: {' '.join(example.question.split())}\n{text}")
+    return "\n\n".join(part for part in (hints.note.strip(), *shots) if part)

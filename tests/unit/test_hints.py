@@ -1,0 +1,157 @@
+"""Hints for verified self-sampling (``conductor.training.hints``, issue #18): worked
+examples rendered for the pool, checked by the engine's parser, and given to the sampling
+conductor only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conductor.plan.parse import parse_plan
+from conductor.plan.prompts import conductor_messages
+from conductor.pool import load_pool
+from conductor.training.config import TrainConductorRequest
+from conductor.training.hints import BUILTIN_HINTS, HintError, load_hint
+
+POOL = load_pool()
+
+
+def _file(tmp_path: Path, doc: object) -> str:
+    path = tmp_path / "hints.yaml"
+    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    return str(path)
+
+
+def test_the_built_in_word_problem_hint_renders_four_calculator_plans_for_the_pool():
+    text = load_hint("word-problems", POOL)
+    assert text.startswith("Word problems: write the arithmetic expression for the calculator.")
+    shots = text.split("\n\nQuestion: ")[1:]
+    assert len(shots) == 4
+    for shot in shots:
+        plan = parse_plan(shot.split("\n", 1)[1], POOL)  # the format the conductor writes
+        assert [s.worker for s in plan.steps] == ["calculator"]
+    assert "(8 + 4) * 9" in shots[3] and "tulips" in shots[3]
+    assert set(BUILTIN_HINTS) == {"word-problems"}
+
+
+def test_a_hint_may_hold_a_chain_of_steps(tmp_path):
+    doc = {
+        "examples": [
+            {
+                "question": "Twice the capital's letter count?",
+                "steps": [
+                    {"worker": "smol", "subtask": "Name the capital of Peru."},
+                    {"worker": "python", "subtask": "print(2 * len('Lima'))", "access": [0]},
+                ],
+            }
+        ]
+    }
+    text = load_hint(_file(tmp_path, doc), POOL)
+    plan = parse_plan(text.split("\n", 1)[1], POOL)
+    assert [(s.worker, s.access) for s in plan.steps] == [("smol", ()), ("python", (0,))]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            {"examples": [{"question": "q", "steps": [{"worker": "gpt9", "subtask": "x"}]}]},
+            "examples.0: worker 'gpt9' is not in the pool (workers: calculator, python, smol)",
+        ),
+        (
+            {
+                "examples": [
+                    {"question": "q", "steps": [{"worker": "smol", "subtask": "x", "access": [1]}]}
+                ]
+            },
+            "examples.0: ",
+        ),
+        ({"examples": []}, "examples: List should have at least 1 item"),
+        ({"examples": [{"question": "q"}]}, "examples.0.steps: Field required"),
+        ({"shots": []}, "examples: Field required (and 1 more)"),
+        (
+            {
+                "examples": [{"question": "q", "steps": [{"worker": "smol", "subtask": "x"}]}],
+                "x": 1,
+            },
+            "x: Extra inputs are not permitted",
+        ),
+        ("examples: [unclosed", "cannot read hint file"),
+    ],
+)
+def test_a_bad_hint_file_is_one_error_naming_the_file_and_the_place(tmp_path, doc, message):
+    path = _file(tmp_path, doc)
+    with pytest.raises(HintError) as err:
+        load_hint(path, POOL)
+    assert str(err.value).startswith(f"{path}: ")
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_hint_file_names_the_built_in_ones():
+    with pytest.raises(
+        HintError, match=r"^nope.yaml: no such hint file \(built-in: word-problems\)"
+    ):
+        load_hint("nope.yaml", POOL)
+
+
+def test_the_hint_goes_after_the_instructions_of_either_prompt_style():
+    for style in ("full", "compact"):
+        pool = POOL.model_copy(
+            update={"conductor": POOL.conductor.model_copy(update={"prompt": style})}
+        )
+        plain = conductor_messages("Q?", pool)
+        hinted = conductor_messages("Q?", pool.with_conductor_hint("  HINT  "))
+        assert hinted[0]["content"] == plain[0]["content"] + "\n\nHINT"
+        assert hinted[1:] == plain[1:]
+
+
+def test_self_sampling_sends_the_hint_and_tags_the_runs(monkeypatch):
+    """Only the sampling requests carry the hint; the tags say which file it was."""
+    import flows.train_conductor as tc
+    from conductor.data.datasets import load_dataset
+
+    sent: list = []
+    monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])
+    questions = load_dataset("mixed", split="train", limit=2)
+    request = TrainConductorRequest(
+        dataset="mixed", self_sample_k=2, self_sample_hints="word-problems"
+    )
+    hint = load_hint("word-problems", POOL)
+    tc.self_sample(request, questions, Path("/adapters/warm-start"), 1, "run1", None, hint)
+    assert len(sent) == 4
+    assert {r.conductor_hint for r in sent} == {hint}
+    assert {r.tags["self_sample_hints"] for r in sent} == {"word-problems"}
+    sent.clear()
+    tc.self_sample(
+        request.model_copy(update={"self_sample_hints": None}),
+        questions,
+        Path("/adapters/warm-start"),
+        1,
+        "run1",
+    )
+    assert {r.conductor_hint for r in sent} == {None}
+    assert not any("self_sample_hints" in r.tags for r in sent)
+
+
+def test_train_conductor_with_a_bad_hint_file_fails_in_one_line_before_training(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CONDUCTOR_HOME": str(tmp_path / "home")}
+    bad = _file(tmp_path, {"examples": [{"question": "q", "steps": [{"worker": "gpt9"}]}]})
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "train-conductor", "--self-sample-hints", bad],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"error: {bad}: examples.0.steps.0.subtask: Field required"
+    ]
+    assert not (tmp_path / "home" / "training").exists()  # nothing started
