@@ -208,6 +208,7 @@ def serve(
     """Keep the engine and the pool's local models loaded; `conductor run` uses this process.
 
     Needs PREFECT_API_URL (a running `prefect server start`). Stop with Ctrl-C."""
+    from flows.fanout import worker_storage_gap
     from flows.serve import marker_path
     from flows.serve import serve as serve_forever
 
@@ -222,6 +223,8 @@ def serve(
             file=sys.stderr,
             flush=True,
         )
+        if gap := worker_storage_gap():
+            print(f"conductor serve: warning: {gap}", file=sys.stderr, flush=True)
 
     serve_forever(p, limit=limit, on_ready=ready)
 

@@ -39,14 +39,17 @@ def train_conductor_cmd(
     ] = "smollm2-135m-instruct",
     init_adapter: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Continue from a conductor (adapter directory or models:/…)."),
+        typer.Option(
+            help="Continue from a conductor (adapter directory, models:/…, embedded or "
+            "champion): the warm start, self-sampling and GRPO go on training it."
+        ),
     ] = None,
     warm_start: Annotated[
         bool,
         typer.Option(
             "--warm-start/--no-warm-start",
-            help="SFT on verified-correct runs of the store first (off to continue from "
-            "--init-adapter as it is).",
+            help="SFT on verified-correct runs of the store first (off: self-sampling and "
+            "GRPO start from --init-adapter as it is).",
         ),
     ] = True,
     warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 2.0,
@@ -56,8 +59,8 @@ def train_conductor_cmd(
     self_sample_rounds: Annotated[
         int,
         typer.Option(
-            help="Rounds of verified self-sampling after the warm start (the adapter goes on "
-            "training on the conductor's own verified-correct plans; 0: none)."
+            help="Rounds of verified self-sampling after the warm start (the conductor's own "
+            "verified-correct plans join the SFT data; 0: none)."
         ),
     ] = 1,
     self_sample_questions: Annotated[

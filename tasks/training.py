@@ -141,8 +141,9 @@ def warm_start_train(
 ) -> Path:
     """TRL ``SFTTrainer`` on verified-correct plans; returns the adapter directory
     ``output_dir/stage``. Without ``init_adapter`` it trains a new LoRA on the base model;
-    with one (a self-sampling round) it goes on training that adapter on the new plans only,
-    so a round costs what its own plans cost, not a retraining on everything stored."""
+    with one (``--init-adapter``, the champion of a weekly retraining) it trains that LoRA
+    further. Every stage starts from the same point, so a round's adapter depends only on
+    the plans it was given (expert iteration, not drift)."""
     from datasets import Dataset
     from peft import PeftModel
     from trl import SFTTrainer

@@ -94,8 +94,7 @@ class TrainConductorRequest(BaseModel):
         ge=0,
         description="Rounds of verified self-sampling after the warm start: the conductor "
         "samples plans at `temperature` on fresh training questions, every plan runs and is "
-        "verified, and the adapter goes on training (SFT) on the round's verified-correct "
-        "plans.",
+        "verified, and the SFT is redone on the store's verified-correct plans.",
     )
     self_sample_questions: int = Field(
         default=100, ge=1, description="Training questions per self-sampling round."

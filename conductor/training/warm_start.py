@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -37,18 +37,9 @@ def _true(value: Any) -> bool:
     return bool(value.item() if hasattr(value, "item") else value) if value is not None else False
 
 
-def _tag_dict(tags: Any) -> dict[str, str]:
-    pairs = tags.items() if isinstance(tags, dict) else (tags if tags is not None else [])
-    return dict(pairs)
-
-
 def _strategy(tags: Any) -> str:
-    return _tag_dict(tags).get("strategy", "")
-
-
-def _tagged(tags: Any, wanted: Mapping[str, str]) -> bool:
-    have = _tag_dict(tags)
-    return all(have.get(k) == v for k, v in wanted.items())
+    pairs = tags.items() if isinstance(tags, dict) else (tags if tags is not None else [])
+    return dict(pairs).get("strategy", "")
 
 
 def _workflow(lists_json: str, pool: Pool) -> Workflow | None:
@@ -116,15 +107,12 @@ def warm_start_examples(
     per_question: int = 1,
     limit: int | None = None,
     seed: int = 0,
-    tags: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Prompt/completion rows (TRL's conversational format) from verified-correct runs.
 
     - only runs with ``correct`` true and status ``completed``, whose plan decided the answer
       (self-consistency answers by a vote, not by its plan's last step, so it is skipped);
     - ``exclude_questions`` (the held-out split) never appear;
-    - with ``tags``, only runs tagged with all of them (a self-sampling round's own plans:
-      ``{"train_run": …, "self_sample_round": "1"}``);
     - at most ``per_question`` distinct plans per question, deduplicated, the shortest
       first (the simplest plan that was verified right: one tool step over a chain that
       also ended right);
@@ -143,8 +131,6 @@ def warm_start_examples(
         if not _true(run.correct) or run.status != "completed" or not run.workflow_json:
             continue
         if _strategy(run.tags).startswith("self-consistency"):
-            continue
-        if tags and not _tagged(run.tags, tags):
             continue
         question = str(run.question).strip()
         if question in excluded:

@@ -73,6 +73,13 @@ def setup(tmp_path, monkeypatch, tiny_base):
     LocalModelRegistry.remove(str(tiny_base))
 
 
+# One SFT row in TRL's conversational format, for the SFT stage run directly.
+SFT_EXAMPLE = {
+    "prompt": [{"role": "user", "content": "Question: What is 2 + 2?"}],
+    "completion": [{"role": "assistant", "content": 'model_id = ["oracle"]'}],
+}
+
+
 def _request(data, pool, tiny_base, **kw) -> TrainConductorRequest:
     defaults = dict(
         dataset=str(data),
@@ -307,26 +314,25 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
     assert {r.conductor_model for r in sampled} == {
         f"local/{Path(result.adapter_dir).parent}/warm-start"
     }
-    # The tiny model's 16-token plans never verify, so the round has no plan of its own to
-    # train on: it says so and the warm-started adapter is the one kept and registered.
+    # The round's SFT is redone on every verified plan stored (the oracle's here: the tiny
+    # model's 16-token plans never verify), and its adapter is the one registered.
     assert not any(r.correct and r.workflow_json for r in sampled)
-    assert result.stages[1].examples == 0
-    assert Path(result.adapter_dir).name == "warm-start"
-    assert result.started_from.endswith("warm-started on 1 plans")
+    assert result.stages[1].examples == result.stages[0].examples > 0
+    assert Path(result.adapter_dir).name == "round-1"
+    assert (Path(result.adapter_dir) / "adapter_model.safetensors").exists()
+    provenance = json.loads((Path(result.adapter_dir) / "conductor.json").read_text())
+    assert provenance["provenance"]["continued_from"] is None  # from the base, as the warm start
 
 
-def test_a_self_sampling_round_goes_on_training_the_last_adapter(setup, tiny_base, tmp_path):
-    """A round's SFT continues the adapter it is given (its LoRA, not a new one of the
-    request's rank), on the round's plans only, and its provenance says what it continued."""
+def test_an_sft_stage_goes_on_training_the_adapter_it_is_given(setup, tiny_base, tmp_path):
+    """An SFT stage given ``init_adapter`` trains that LoRA further (not a new one of the
+    request's rank), and its provenance says what it continued."""
     from tasks.training import start_training_run, warm_start_train
 
     data, pool, _ = setup
     request = _request(data, pool, tiny_base, warm_start_epochs=3)  # warm-up: step 0 has lr 0
     run_id = start_training_run(request, {})
-    example = {
-        "prompt": [{"role": "user", "content": "Question: What is 2 + 2?"}],
-        "completion": [{"role": "assistant", "content": 'model_id = ["oracle"]'}],
-    }
+    example = SFT_EXAMPLE
     out = tmp_path / "adapters"
     first = warm_start_train(request, [example], out, run_id)
     other_rank = request.model_copy(update={"lora_r": 4})  # what a new LoRA would get
@@ -474,3 +480,63 @@ def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
     assert result["started_from"] == f"{tiny_base} + a new LoRA"
     assert result["promoted"] == (result["accuracy_after"] > result["incumbent_accuracy"])
     assert "loss" in proc.stderr  # the trainer's progress is visible, on stderr
+
+
+def test_init_adapter_is_continued_by_the_warm_start_and_sampled_without_one(setup, tiny_base):
+    """``init_adapter`` (the champion of a weekly retraining) is what training goes on from:
+    the warm start continues it, and without a warm start the self-sampling rounds sample it."""
+    from flows.evaluate import evaluate
+    from flows.train_conductor import train_conductor
+    from tasks.training import start_training_run, warm_start_train
+
+    data, pool, _ = setup
+    base_request = _request(data, pool, tiny_base)
+    example = SFT_EXAMPLE
+    champion = warm_start_train(
+        base_request, [example], setup[2] / "champ", start_training_run(base_request, {})
+    )
+    evaluate(
+        EvalRequest(dataset=str(data), split="train", strategy="single:oracle", pool=str(pool))
+    )
+    warm = train_conductor(
+        _request(
+            data,
+            pool,
+            tiny_base,
+            init_adapter=str(champion),
+            warm_start=True,
+            max_steps=0,
+            eval_before=False,
+            promote=False,
+        )
+    )
+    meta = json.loads((Path(warm.adapter_dir) / "conductor.json").read_text())
+    assert Path(warm.adapter_dir).name == "warm-start"
+    assert meta["provenance"]["continued_from"] == str(champion)
+    assert warm.started_from == f"{champion}, warm-started on 1 plans"
+
+    sampled = train_conductor(
+        _request(
+            data,
+            pool,
+            tiny_base,
+            init_adapter=str(champion),
+            warm_start=False,
+            max_steps=0,
+            self_sample_rounds=1,
+            self_sample_questions=2,
+            self_sample_k=1,
+            eval_before=False,
+            promote=False,
+        )
+    )
+    assert [s.stage for s in sampled.stages] == ["round-1"]
+    runs = ArtifactStore().read_pandas("runs")
+    mine = [r for r in runs.itertuples() if dict(r.tags).get("train_run") == sampled.run_id]
+    rounds = [r for r in mine if dict(r.tags).get("self_sample_round") == "1"]
+    assert len(rounds) == 2
+    assert {r.conductor_model for r in rounds} == {f"local/{champion}"}
+    # ... and the round's SFT starts from it too, on the store's verified plans.
+    meta = json.loads((Path(sampled.adapter_dir) / "conductor.json").read_text())
+    assert Path(sampled.adapter_dir).name == "round-1"
+    assert meta["provenance"]["continued_from"] == str(champion)

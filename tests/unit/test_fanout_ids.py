@@ -28,3 +28,28 @@ def test_requests_that_differ_in_question_or_any_tag_get_different_run_ids():
         *(fleet_run_id(_request(train_run="t", train_step="3", rollout=str(i))) for i in range(3)),
     }
     assert len(ids) == 7
+
+
+def test_a_serve_process_with_question_storage_but_no_result_storage_is_told():
+    """A worker runs fan-out questions with its own settings (the eval's are not sent), so
+    one that reads questions from shared storage must write outcomes there too."""
+    from prefect.settings import (
+        PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK,
+        PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK,
+        temporary_settings,
+    )
+
+    from flows.fanout import worker_storage_gap
+
+    block = "s3-bucket/conductor-results"
+    with temporary_settings({PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK: block}):
+        gap = worker_storage_gap()
+    assert gap is not None and "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK is not" in gap
+    both = {
+        PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK: block,
+        PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK: block,
+    }
+    with temporary_settings(both):
+        assert worker_storage_gap() is None
+    with temporary_settings(restore_defaults={PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK}):
+        assert worker_storage_gap() is None  # a serve for `conductor run` only

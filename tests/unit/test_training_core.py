@@ -157,32 +157,6 @@ def test_warm_start_uses_only_verified_correct_completed_runs():
     assert parse_plan(target, POOL).steps[0].worker == "calculator"
 
 
-def test_warm_start_tags_keep_only_one_self_sampling_rounds_runs():
-    """A round trains on its own verified plans: ``tags`` keeps the runs tagged with all of
-    them (a dict or Parquet's list of pairs) and nothing stored before."""
-    mine = [("train_run", "r1"), ("self_sample_round", "1"), ("sample", "0")]
-    frames = pd.concat(
-        [
-            _runs(),  # collected earlier, untagged
-            _runs(question="What is 1 + 2?", tags=mine),
-            _runs(question="What is 3 + 4?", tags=dict(mine)),
-            _runs(question="What is 5 + 6?", tags=[("train_run", "r0"), *mine[1:]]),
-            _runs(
-                question="What is 7 + 8?", tags=[("train_run", "r1"), ("self_sample_round", "2")]
-            ),
-            _runs(question="What is 9 + 1?", tags=mine, correct=False),
-        ],
-        ignore_index=True,
-    )
-    wanted = {"train_run": "r1", "self_sample_round": "1"}
-    rows = warm_start_examples(frames, POOL, tags=wanted)
-    assert sorted(r["prompt"][-1]["content"] for r in rows) == [
-        "Question: What is 1 + 2?",
-        "Question: What is 3 + 4?",
-    ]
-    assert len(warm_start_examples(frames, POOL)) == 5  # no filter: every verified run
-
-
 def test_warm_start_never_reads_the_reference_and_skips_held_out_questions():
     frames = pd.concat([_runs(), _runs(question="What is 40 + 2?")], ignore_index=True)
     rows = warm_start_examples(frames, POOL, exclude_questions=["What is 40 + 2?"])
