@@ -283,12 +283,56 @@ class GenerationRequest:
 
 
 def group_key(request: GenerationRequest) -> Hashable:
-    """Requests that may share one ``generate`` call: same sampling, no seed."""
-    if request.seed is not None:
-        return request  # its own group, so torch.manual_seed(seed) replays it exactly
-    if request.temperature <= 0:
-        return "greedy"  # temperature and top_p play no part in greedy decoding
-    return ("sample", request.temperature, request.top_p)
+    """Requests that may share one ``generate`` call: all of them.
+
+    Sampling is done per row (:class:`_RowSampler`): each row has its own temperature, top_p
+    and random generator, seeded by its own ``seed`` when it has one, so a seeded request
+    samples the same text alone or in company, and greedy rows stay greedy. Before issue #18's
+    eleventh session a seeded request ran alone, so ``self_sample_k`` plans per question (and
+    ``eval --samples``, best-of-N proposals) were generated one at a time.
+    """
+    return "all"
+
+
+class _RowSampler(LogitsProcessor):
+    """Samples each sampled row's next token with the row's own temperature, top_p and
+    ``torch.Generator``, and leaves only that token (generate then runs greedy, so its argmax
+    takes it). Greedy rows (temperature 0) are left as they are.
+
+    One draw per row per step, whatever the batch: a seeded row draws the same numbers alone
+    or batched, and its logits are the same (left padding, see ``generate_group``).
+    """
+
+    def __init__(self, requests: list[GenerationRequest]) -> None:
+        self.rows = [(row, r) for row, r in enumerate(requests) if r.temperature > 0]
+        # An unseeded row takes its seed from torch's global generator, so that
+        # torch.manual_seed still makes a run reproducible.
+        self.seeds = [
+            r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+            for _, r in self.rows
+        ]
+        self.generators: list[torch.Generator] | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if not self.rows:
+            return scores
+        if self.generators is None:
+            self.generators = [
+                torch.Generator(device=scores.device).manual_seed(seed) for seed in self.seeds
+            ]
+        scores = scores.clone()  # type: ignore[assignment]
+        for (row, request), generator in zip(self.rows, self.generators, strict=True):
+            probs = torch.softmax(scores[row].float() / request.temperature, dim=-1)
+            if request.top_p is not None and request.top_p < 1:
+                # Nucleus: the most probable tokens until their mass reaches top_p (at least
+                # the first one).
+                ranked, order = probs.sort(descending=True)
+                keep = (ranked.cumsum(0) - ranked) < request.top_p
+                probs = torch.zeros_like(probs).scatter(0, order[keep], ranked[keep])
+            token = torch.multinomial(probs, 1, generator=generator)
+            scores[row].fill_(-float("inf"))
+            scores[row, token] = 0.0
+        return scores
 
 
 class _RowEnds(StoppingCriteria):
@@ -364,7 +408,6 @@ def generate_group(
         ]
         for r in requests
     ]
-    first = requests[0]
     with torch.inference_mode():
         # Rows that start with kept or shared prompt states begin there (``prefix_cache``):
         # [prefix][pad][rest of the prompt]; without: [pad][prompt]. Either way every row's
@@ -372,13 +415,14 @@ def generate_group(
         start, cached = (0, None) if prefix_cache is None else prefix_cache.start(model, prompts)
         input_ids, mask = _left_padded(tok, prompts, start, model.device)
         width = input_ids.shape[1]
-        do_sample = first.temperature > 0  # temperature 0 means greedy, hence deterministic
         lone = prefix_cache if len(requests) == 1 else None  # its whole prompt is kept after
         config = GenerationConfig(
             max_new_tokens=max(r.max_tokens for r in requests),
-            do_sample=do_sample,
-            temperature=first.temperature if do_sample else None,
-            top_p=first.top_p if do_sample else None,
+            # Sampled rows are drawn by _RowSampler (per row, seeded); generate's own step is
+            # greedy, which takes the one token the sampler left.
+            do_sample=False,
+            temperature=None,
+            top_p=None,
             top_k=None,
             eos_token_id=tok.eos_token_id,
             pad_token_id=_pad_id(tok),
@@ -389,9 +433,8 @@ def generate_group(
         if any(r.min_tokens for r in requests):
             minimums = [r.min_tokens for r in requests]
             processors.append(_MinTokens(tok.eos_token_id, width, minimums))
+        processors.append(_RowSampler(requests))  # last: after EOS is forbidden where it is
         extra = {cache_kwarg(model): cached} if cached is not None else {}
-        if first.seed is not None:  # a seeded request is alone in its group
-            torch.manual_seed(first.seed)
         out = model.generate(
             input_ids,
             attention_mask=mask,

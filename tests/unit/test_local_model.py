@@ -247,29 +247,65 @@ def test_stop_strings_apply_to_their_own_request(batched: LocalModel) -> None:
             assert response.usage.completion_tokens == full[i].usage.completion_tokens
 
 
-def test_seeded_and_sampled_requests_keep_their_own_groups(batched: LocalModel) -> None:
+def test_seeded_greedy_and_sampled_requests_share_a_batch(batched: LocalModel) -> None:
+    # Seeded samples (k plans of one question, issue #18), unseeded samples and greedy rows
+    # go through one generate call; each seeded one replays what it samples alone.
     def call(i: int) -> str:
-        kwargs = {"temperature": 1.0, "top_p": 0.9, "seed": 11} if i % 2 else {}
+        kwargs = {"temperature": 1.0, "top_p": 0.9, "seed": 11 + i} if i % 2 else {}
+        if i == 4:
+            kwargs = {"temperature": 0.7}  # sampled, unseeded
         response = ask(f"local/{BATCHED}", messages=user(QUESTIONS[i]), max_tokens=10, **kwargs)
         return response.choices[0].message.content
 
     alone = [call(i) for i in range(6)]
-    assert at_once(call, 6) == alone  # a seeded sample replays exactly, even in company
+    groups = batched.stats.groups
+    together = at_once(call, 6)
+    assert batched.stats.largest > 1 and batched.stats.groups - groups < 6
+    assert [t for i, t in enumerate(together) if i != 4] == [
+        t for i, t in enumerate(alone) if i != 4
+    ]  # greedy rows as greedy, seeded rows as alone
 
 
-def test_group_key_separates_incompatible_sampling() -> None:
+def test_k_seeds_of_one_question_sample_k_texts_in_one_batch(batched: LocalModel) -> None:
+    def call(k: int) -> str:
+        response = ask(
+            f"local/{BATCHED}", messages=MESSAGES, max_tokens=12, temperature=1.0, seed=100 + k
+        )
+        return response.choices[0].message.content
+
+    groups = batched.stats.groups
+    texts = at_once(call, 4)
+    assert batched.stats.groups - groups < 4  # batched, not one generate per seed
+    assert len(set(texts)) > 1  # each row draws from its own generator
+    assert texts == at_once(call, 4)  # and the same seeds replay
+
+
+def test_a_nucleus_of_one_token_is_greedy(tiny: LocalModel) -> None:
+    greedy = ask(max_tokens=12).choices[0].message.content
+    for seed in (1, 2, 3):
+        sampled = ask(max_tokens=12, temperature=1.0, top_p=1e-6, seed=seed)
+        assert sampled.choices[0].message.content == greedy
+
+
+def test_every_request_may_share_a_generate_call() -> None:
     def request(**kwargs) -> GenerationRequest:
         fields = {"messages": MESSAGES, "max_tokens": 8, "temperature": 0.0, "top_p": None}
         fields.update(stop=(), seed=None, min_tokens=0)
         return GenerationRequest(**{**fields, **kwargs})
 
-    # Greedy requests share a group whatever their max_tokens, stop and (unused) top_p.
-    assert group_key(request()) == group_key(request(max_tokens=99, stop=("x",), top_p=0.5))
-    assert group_key(request(temperature=0.7)) == group_key(request(temperature=0.7))
-    assert group_key(request(temperature=0.7)) != group_key(request(temperature=0.8))
-    assert group_key(request(temperature=0.7, top_p=0.9)) != group_key(request(temperature=0.7))
-    assert group_key(request()) != group_key(request(temperature=0.7))
-    assert group_key(request(seed=1)) != group_key(request(seed=1))  # each seeded one alone
+    # Temperature, top_p and seed are per row (_RowSampler), so nothing splits a batch.
+    keys = {
+        group_key(r)
+        for r in (
+            request(),
+            request(max_tokens=99, stop=("x",), top_p=0.5),
+            request(temperature=0.7),
+            request(temperature=0.8, top_p=0.9),
+            request(temperature=1.0, seed=1),
+            request(temperature=1.0, seed=2),
+        )
+    }
+    assert len(keys) == 1
 
 
 def eager_eos_model(tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
