@@ -67,6 +67,10 @@ def train_conductor_cmd(
         int, typer.Option(help="Fresh training questions per self-sampling round.")
     ] = 100,
     self_sample_k: Annotated[int, typer.Option(help="Plans sampled per question.")] = 4,
+    self_sample_temperature: Annotated[
+        float | None,
+        typer.Option(help="Self-sampling temperature (default: the GRPO temperature, 1.0)."),
+    ] = None,
     self_sample_hints: Annotated[
         str | None,
         typer.Option(
@@ -131,6 +135,7 @@ def train_conductor_cmd(
         self_sample_rounds=self_sample_rounds,
         self_sample_questions=self_sample_questions,
         self_sample_k=self_sample_k,
+        self_sample_temperature=self_sample_temperature,
         self_sample_hints=self_sample_hints,
         fan_out=fan_out,
         eval_stages=eval_stages,

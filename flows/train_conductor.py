@@ -157,7 +157,8 @@ def self_sample(
     hint: str | None = None,
 ) -> list[RolloutOutcome | None]:
     """One round of verified self-sampling: the conductor ``adapter`` writes
-    ``self_sample_k`` plans per question at ``temperature`` (seeds ``seed .. seed + k - 1``),
+    ``self_sample_k`` plans per question at ``self_sample_temperature`` (default:
+    ``temperature``; seeds ``seed .. seed + k - 1``),
     each runs through ``orchestrate`` and is verified and stored like any run (tagged
     ``self_sample_round``). Its verified-correct plans are warm-start data for the next
     round; the reference only verifies, it never becomes a target. ``hint`` (worked examples,
@@ -170,7 +171,7 @@ def self_sample(
             ex,
             {"train_run": run_id, "self_sample_round": str(round_), "sample": str(k), **hinted},
             conductor=str(adapter),
-            conductor_temperature=request.temperature,
+            conductor_temperature=request.self_sample_temperature or request.temperature,
             conductor_hint=hint,
             seed=request.seed + k,
         )

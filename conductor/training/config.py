@@ -100,6 +100,12 @@ class TrainConductorRequest(BaseModel):
         default=100, ge=1, description="Training questions per self-sampling round."
     )
     self_sample_k: int = Field(default=4, ge=1, le=16, description="Plans sampled per question.")
+    self_sample_temperature: float | None = Field(
+        default=None,
+        gt=0,
+        description="Sampling temperature of the self-sampling rounds (None: `temperature`, "
+        "the GRPO one). Lower keeps more plans right once the conductor is partly trained.",
+    )
     self_sample_hints: str | None = Field(
         default=None,
         description="Worked examples the conductor reads while it self-samples, never in a "

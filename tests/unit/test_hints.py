@@ -155,3 +155,26 @@ def test_train_conductor_with_a_bad_hint_file_fails_in_one_line_before_training(
         f"error: {bad}: examples.0.steps.0.subtask: Field required"
     ]
     assert not (tmp_path / "home" / "training").exists()  # nothing started
+
+
+def test_self_sampling_samples_at_its_own_temperature_else_the_grpo_one(monkeypatch):
+    """`self_sample_temperature` sets the rounds' sampling temperature only; unset, the
+    rounds sample at `temperature` (the GRPO one); the k samples keep distinct seeds."""
+    import flows.train_conductor as tc
+    from conductor.data.datasets import load_dataset
+
+    sent: list = []
+    monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])
+    questions = load_dataset("mixed", split="train", limit=2)
+    adapter = Path("/adapters/warm-start")
+    request = TrainConductorRequest(dataset="mixed", self_sample_k=3, temperature=0.9)
+    tc.self_sample(request, questions, adapter, 1, "run1")
+    assert {r.conductor_temperature for r in sent} == {0.9}
+    sent.clear()
+    tc.self_sample(
+        request.model_copy(update={"self_sample_temperature": 0.5}), questions, adapter, 1, "r"
+    )
+    assert {r.conductor_temperature for r in sent} == {0.5}
+    assert sorted(r.seed for r in sent) == [request.seed + k for k in (0, 0, 1, 1, 2, 2)]
+    with pytest.raises(ValueError):
+        TrainConductorRequest(dataset="mixed", self_sample_temperature=0)
