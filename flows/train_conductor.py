@@ -56,7 +56,7 @@ from conductor.training.config import (
     TrainConductorResult,
     rollout_request,
 )
-from conductor.training.hints import load_hint
+from conductor.training.hints import hint_rotations
 from conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
 from conductor.training.warm_start import warm_start_examples
 from flows.best_of_n import run_question
@@ -154,17 +154,18 @@ def self_sample(
     round_: int,
     run_id: str,
     fleet: Fleet | None = None,
-    hint: str | None = None,
+    hints: list[str] | None = None,
 ) -> list[RolloutOutcome | None]:
     """One round of verified self-sampling: the conductor ``adapter`` writes
     ``self_sample_k`` plans per question at ``self_sample_temperature`` (default:
     ``temperature``; seeds ``seed .. seed + k - 1``),
     each runs through ``orchestrate`` and is verified and stored like any run (tagged
     ``self_sample_round``). Its verified-correct plans are warm-start data for the next
-    round; the reference only verifies, it never becomes a target. ``hint`` (worked examples,
-    ``conductor.training.hints``) is added to the sampling prompt only: the plans are trained
-    with the standard prompt."""
-    hinted = {"self_sample_hints": request.self_sample_hints} if hint else {}
+    round; the reference only verifies, it never becomes a target. ``hints`` (worked examples,
+    ``conductor.training.hints.hint_rotations``) are added to the sampling prompt only, sample
+    ``k`` reading rotation ``k mod len(hints)``: the plans are trained with the standard
+    prompt."""
+    hinted = {"self_sample_hints": request.self_sample_hints} if hints else {}
     requests = [
         rollout_request(
             request,
@@ -172,7 +173,7 @@ def self_sample(
             {"train_run": run_id, "self_sample_round": str(round_), "sample": str(k), **hinted},
             conductor=str(adapter),
             conductor_temperature=request.self_sample_temperature or request.temperature,
-            conductor_hint=hint,
+            conductor_hint=hints[k % len(hints)] if hints else None,
             seed=request.seed + k,
         )
         for ex in questions
@@ -265,7 +266,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
     log = get_run_logger()
     pool = _training_pool(request)
     # A bad hint file is one clear error before anything runs.
-    hint = load_hint(request.self_sample_hints, pool) if request.self_sample_hints else None
+    hints = hint_rotations(request.self_sample_hints, pool) if request.self_sample_hints else None
     train = load_dataset(
         request.dataset, split=request.split, limit=request.limit, seed=request.seed
     )
@@ -330,7 +331,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         if init is not None:
             for round_ in range(1, request.self_sample_rounds + 1):
                 questions = _round_questions(request, train, round_)
-                outcomes = self_sample(request, questions, init, round_, run_id, fleet, hint)
+                outcomes = self_sample(request, questions, init, round_, run_id, fleet, hints)
                 right = sum(bool(o and o.correct) for o in outcomes)
                 log.info(
                     "self-sampling round %d: %d of %d plans right", round_, right, len(outcomes)

@@ -33,7 +33,7 @@ from conductor.plan.prompts import render_plan
 from conductor.plan.workflow import Step, Workflow
 from conductor.pool import Pool
 
-__all__ = ["BUILTIN_HINTS", "HintError", "load_hint"]
+__all__ = ["BUILTIN_HINTS", "HintError", "hint_rotations", "load_hint"]
 
 #: Hint files shipped with the package, by name.
 BUILTIN_HINTS = {p.stem: p for p in sorted((Path(__file__).parent / "hints").glob("*.yaml"))}
@@ -78,6 +78,23 @@ def _read(source: str) -> tuple[Path, Any]:
 
 def load_hint(source: str, pool: Pool) -> str:
     """The hint text of ``source`` (a built-in name or a YAML path) for ``pool``."""
+    return hint_rotations(source, pool)[-1]
+
+
+def hint_rotations(source: str, pool: Pool) -> list[str]:
+    """One hint text per worked example of ``source``, text ``k`` ending with example ``k``
+    (the others before it in file order, rotated). A small conductor copies the example it
+    read last (issue #18: most hinted samples of the built-in file reused its last plan's
+    shape and numbers), so sample ``k`` of a question reads rotation ``k mod n`` and the
+    samples of one question see every example last in turn. The last text is the file's
+    own order (``load_hint``)."""
+    note, shots = _shots(source, pool)
+    n = len(shots)
+    rotated = [shots[(k + 1) % n :] + shots[: (k + 1) % n] for k in range(n)]
+    return ["\n\n".join(part for part in (note, *order) if part) for order in rotated]
+
+
+def _shots(source: str, pool: Pool) -> tuple[str, list[str]]:
     path, data = _read(source)
     try:
         hints = _HintFile.model_validate(data)
@@ -105,4 +122,4 @@ def load_hint(source: str, pool: Pool) -> str:
         except PlanError as exc:
             raise HintError(f"{path}: examples.{n}: {exc}") from None
         shots.append(f"Question: {' '.join(example.question.split())}\n{text}")
-    return "\n\n".join(part for part in (hints.note.strip(), *shots) if part)
+    return hints.note.strip(), shots

@@ -13,7 +13,7 @@ from conductor.plan.parse import parse_plan
 from conductor.plan.prompts import conductor_messages
 from conductor.pool import load_pool
 from conductor.training.config import TrainConductorRequest
-from conductor.training.hints import BUILTIN_HINTS, HintError, load_hint
+from conductor.training.hints import BUILTIN_HINTS, HintError, hint_rotations, load_hint
 
 POOL = load_pool()
 
@@ -34,6 +34,20 @@ def test_the_built_in_word_problem_hint_renders_four_calculator_plans_for_the_po
         assert [s.worker for s in plan.steps] == ["calculator"]
     assert "(8 + 4) * 9" in shots[3] and "tulips" in shots[3]
     assert set(BUILTIN_HINTS) == {"word-problems"}
+
+
+def test_each_rotation_ends_with_its_own_example_and_keeps_them_all():
+    """Sample k reads rotation k: every example comes last once, none is dropped, the note
+    stays first, and the file's order is the last rotation (what load_hint returns)."""
+    rotations = hint_rotations("word-problems", POOL)
+    assert len(rotations) == 4
+    in_file = load_hint("word-problems", POOL).split("\n\nQuestion: ")
+    assert rotations[-1] == "\n\nQuestion: ".join(in_file)
+    for k, text in enumerate(rotations):
+        note, *shots = text.split("\n\nQuestion: ")
+        assert note == in_file[0]
+        assert sorted(shots) == sorted(in_file[1:])
+        assert shots[-1] == in_file[1 + k]
 
 
 def test_a_hint_may_hold_a_chain_of_steps(tmp_path):
@@ -119,10 +133,11 @@ def test_self_sampling_sends_the_hint_and_tags_the_runs(monkeypatch):
     request = TrainConductorRequest(
         dataset="mixed", self_sample_k=2, self_sample_hints="word-problems"
     )
-    hint = load_hint("word-problems", POOL)
-    tc.self_sample(request, questions, Path("/adapters/warm-start"), 1, "run1", None, hint)
+    hints = hint_rotations("word-problems", POOL)
+    tc.self_sample(request, questions, Path("/adapters/warm-start"), 1, "run1", None, hints)
     assert len(sent) == 4
-    assert {r.conductor_hint for r in sent} == {hint}
+    by_sample = {(r.seed, r.conductor_hint) for r in sent}
+    assert by_sample == {(request.seed, hints[0]), (request.seed + 1, hints[1])}
     assert {r.tags["self_sample_hints"] for r in sent} == {"word-problems"}
     sent.clear()
     tc.self_sample(
