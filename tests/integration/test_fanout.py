@@ -50,24 +50,41 @@ def fleet(stack, tmp_path_factory) -> Iterator[dict[str, Any]]:
         for i in range(QUESTIONS)
     )
     data.write_text("\n".join(json.dumps(row) for row in rows))
+    # Questions that take the sleepy worker's latency: a serve runs --limit (4) at once, so
+    # no single serve can drain them all before the other polls (instant calculator questions
+    # all went to one serve once, under load).
+    slow = directory / "slept.jsonl"
+    slow.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": f"s{i}",
+                    "question": f"wait {i}",
+                    "reference": f"slept {SLEEP_S}",
+                    "kind": "text",
+                }
+            )
+            for i in range(16)
+        )
+    )
     serves = [Serve(host, pool) for host in stack["hosts"][:2]]
     try:
         for serve in serves:
             serve.wait_ready()
-        yield {"pool": pool, "data": data, "serves": serves, "dir": directory}
+        yield {"pool": pool, "data": data, "slow": slow, "serves": serves, "dir": directory}
     finally:
         for serve in serves:
             serve.stop()
 
 
-def _eval_args(fleet: dict[str, Any], strategy: str, limit: int) -> list[str]:
-    return eval_args(str(fleet["data"]), strategy, fleet["pool"], limit)
+def _eval_args(fleet: dict[str, Any], strategy: str, limit: int, data: str = "data") -> list[str]:
+    return eval_args(str(fleet[data]), strategy, fleet["pool"], limit)
 
 
 def test_an_eval_fans_out_over_two_hosts_into_one_store_and_one_mlflow_run(stack, fleet):
     first, second = stack["hosts"][:2]
-    fanned = conductor(first, *_eval_args(fleet, "single:calculator", 16))
-    here = conductor(second, *_eval_args(fleet, "single:calculator", 16)[:-1])  # in-process
+    fanned = conductor(first, *_eval_args(fleet, "single:sleepy", 16, "slow"))
+    here = conductor(second, *_eval_args(fleet, "single:sleepy", 16, "slow")[:-1])  # in-process
     assert (fanned["n"], fanned["correct"], fanned["failed"]) == (16, 16, 0)
     assert (here["n"], here["correct"]) == (fanned["n"], fanned["correct"])
 
@@ -95,7 +112,7 @@ def test_an_eval_fans_out_over_two_hosts_into_one_store_and_one_mlflow_run(stack
         """,
     )
     mine = [r for r in tracked if r[0] == fanned["mlflow_run_id"]]
-    assert mine == [[fanned["mlflow_run_id"], 1.0, "single:calculator"]]
+    assert mine == [[fanned["mlflow_run_id"], 1.0, "single:sleepy"]]
     assert here["mlflow_run_id"] in {r[0] for r in tracked}  # the same tracking server
 
 
