@@ -9,7 +9,13 @@ of self-sampling could then keep. Both arms run in the same process on the same 
 
 - ``plain``: the conductor's own prompt (the pool's prompt style, as ``conductor run``);
 - ``hint``: the same prompt plus the worked examples of the built-in ``word-problems`` hint
-  file, as ``train-conductor --self-sample-hints word-problems`` samples.
+  file, as ``train-conductor --self-sample-hints word-problems`` samples;
+- or, with ``--hint FILE`` (repeatable), one arm per hint file instead, named by its stem
+  (``benchmarks/hints/shape-*.yaml``: three worked examples of one operation shape each).
+
+``--match REGEX`` keeps only the word problems whose question matches, ``--per-match`` takes
+the first N of each alternative of the regex (``"A shop sells|A farmer packs"``: N of each
+story), so that stories the conductor never solves can be probed on their own.
 
 Every sample is parsed with the engine's parser; a one-step calculator plan is evaluated with
 the calculator tool (the same function the worker runs) and compared with the reference,
@@ -17,6 +23,7 @@ which only verifies. Reported per arm: valid plans, calculator plans, plans whos
 uses only numbers that appear in the question, right plans, and questions with a right plan.
 
     python benchmarks/word_problem_hint.py [--questions 16] [--samples 4] [--json]
+        [--hint FILE ...] [--match REGEX --per-match N]
 """
 
 from __future__ import annotations
@@ -49,10 +56,10 @@ HINT = "word-problems"  # stories the generator does not use, one per operation 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
-def hinted_messages(question: str, pool: Pool) -> list[dict[str, str]]:
-    """The prompt hinted self-sampling sends: the built-in ``word-problems`` hint file
-    (``conductor/training/hints``) after the conductor's instructions."""
-    return conductor_messages(question, pool.with_conductor_hint(load_hint(HINT, pool)))
+def hinted_messages(question: str, pool: Pool, hint: str = HINT) -> list[dict[str, str]]:
+    """The prompt hinted self-sampling sends: a hint file (by default the built-in
+    ``word-problems``, ``conductor/training/hints``) after the conductor's instructions."""
+    return conductor_messages(question, pool.with_conductor_hint(load_hint(hint, pool)))
 
 
 def _sample(pool: Pool, example: Any, messages: list[dict[str, str]], seed: int) -> dict:
@@ -84,11 +91,31 @@ def _sample(pool: Pool, example: Any, messages: list[dict[str, str]], seed: int)
     return row
 
 
-def measure(questions: int, samples: int, seed: int) -> dict[str, Any]:
-    pool = load_pool()
+def _questions(seed: int, questions: int, match: str | None, per_match: int) -> list[Any]:
     train = load_dataset("mixed", split="train", seed=seed)
-    words = [e for e in train if e.meta.get("domain") == "word"][:questions]
-    arms = {"plain": conductor_messages, "hint": hinted_messages}
+    words = [e for e in train if e.meta.get("domain") == "word"]
+    if not match:
+        return words[:questions]
+    chosen = []
+    for part in match.split("|"):
+        chosen += [e for e in words if re.search(part, e.question)][:per_match]
+    return chosen
+
+
+def measure(
+    questions: int,
+    samples: int,
+    seed: int,
+    hints: list[str] | None = None,
+    match: str | None = None,
+    per_match: int = 4,
+) -> dict[str, Any]:
+    pool = load_pool()
+    words = _questions(seed, questions, match, per_match)
+    arms: dict[str, Any] = {"plain": conductor_messages}
+    for hint in hints or [HINT]:
+        name = "hint" if hint == HINT else Path(hint).stem
+        arms[name] = lambda q, p, h=hint: hinted_messages(q, p, h)
     keys = ("valid", "calculator", "own_numbers", "right")
     out: dict[str, Any] = {"questions": len(words), "samples": samples, "arms": {}}
     for name, messages in arms.items():
@@ -100,6 +127,10 @@ def measure(questions: int, samples: int, seed: int) -> dict[str, Any]:
             "plans": len(rows),
             **{key: sum(r[key] for r in rows) for key in keys},
             "questions_solved": len({r["question"] for r in rows if r["right"]}),
+            "right_by_match": {
+                part: sum(r["right"] for r in rows if re.search(part, r["question"]))
+                for part in (match.split("|") if match else [])
+            },
             "wall_s": round(time.perf_counter() - started, 1),
             "examples": [r["text"] for r in rows[:3]],
         }
@@ -111,9 +142,12 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hint", action="append", help="a hint file; one arm per --hint")
+    parser.add_argument("--match", help="only word problems matching this regex")
+    parser.add_argument("--per-match", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = measure(args.questions, args.samples, args.seed)
+    result = measure(args.questions, args.samples, args.seed, args.hint, args.match, args.per_match)
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -126,6 +160,9 @@ def main() -> None:
             f"{arm['own_numbers']} | {arm['right']} | {arm['questions_solved']} | "
             f"{arm['wall_s']} s |"
         )
+    for name, arm in result["arms"].items():
+        if arm["right_by_match"]:
+            print(f"{name}: right by --match alternative {arm['right_by_match']}")
 
 
 if __name__ == "__main__":
