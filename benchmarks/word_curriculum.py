@@ -1,0 +1,281 @@
+"""Does a curriculum of easier word problems teach the conductor to write expressions? (issue #18)
+
+Verified self-sampling keeps only the plans that were right, so the conductor learns a word
+problem's story only once it has written one right plan for it; on the generators' word
+problems it finds too few (``docs/benchmarks.md#word-problem-hint``: 30 % held-out at best,
+on two of seven stories). This probe puts easier problems first in the *train* split: one
+operation ("Ana has 20 shells and finds 45 more"), then two, in stories and phrasings the
+generators do not use, then the generators' own training word problems. Each round is one
+``conductor train-conductor`` command in one ``CONDUCTOR_HOME`` (so the verified plans of
+every round stay in the store and each round's SFT sees them all), from the adapter the
+round names, sampling 64 fresh questions of the train split from its offset, 4 plans each;
+only the reference verifies, nothing but a verified plan becomes a target. After each round
+the conductor is evaluated greedily on the held-out 40 (the first 40 of the test split: the
+mixed and arithmetic test splits' word problems, interleaved, none of them in train).
+
+The baseline, in the same run: the shipped conductor on the same 40 questions.
+
+    python benchmarks/word_curriculum.py --home DIR [--json]
+
+A round whose result file (``DIR/curriculum/<round>.json``) exists is not run again, so a
+killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from conductor.data.datasets import load_dataset  # noqa: E402
+
+HELD_OUT = 40
+QUESTIONS = 64  # fresh training questions per round
+K = 4  # plans per question
+EASY = 128  # questions of each difficulty (one operation, then two)
+
+#: The rounds: the conductor each starts from ("embedded", or an earlier round's adapter),
+#: where in the train split its questions start, and whether it samples with the built-in
+#: ``word-problems`` hint (worked examples in the sampling prompt only).
+ROUNDS: list[dict[str, Any]] = [
+    {"name": "round-1", "init": "embedded", "offset": 0, "hints": True},
+    {"name": "round-2", "init": "round-1", "offset": 96, "hints": False},
+]
+
+_NAMES = ("Tom", "Ana", "Ben", "Lily", "Omar", "Zoe", "Raj", "Ella")
+_ITEMS = ("shells", "cards", "buttons", "beads", "coins", "stones", "rings", "leaves")
+
+
+def _one_operation(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    shape = rng.randrange(5)
+    if shape == 0:
+        a, b = rng.randint(10, 90), rng.randint(5, 60)
+        return (
+            f"{name} has {a} {item} and finds {b} more. How many {item} does {name} have now?",
+            a + b,
+        )
+    if shape == 1:
+        a = rng.randint(30, 99)
+        b = rng.randint(5, a - 5)
+        return (
+            f"{name} has {a} {item} and gives away {b}. How many {item} does {name} have left?",
+            a - b,
+        )
+    if shape == 2:
+        a, b = rng.randint(3, 15), rng.randint(4, 20)
+        return (
+            f"{name} fills {a} jars with {b} {item} in each jar. How many {item} are in the jars?",
+            a * b,
+        )
+    if shape == 3:
+        b, q = rng.randint(2, 9), rng.randint(3, 20)
+        return (
+            f"{b * q} {item} are split equally among {b} friends. "
+            f"How many {item} does each friend get?",
+            q,
+        )
+    a, b = rng.randint(3, 12), rng.randint(2, 15)
+    return (
+        f"{name} collects {a} {item} a day for {b} days. How many {item} does {name} collect?",
+        a * b,
+    )
+
+
+def _two_operations(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    shape = rng.randrange(5)
+    if shape == 0:
+        a, b = rng.randint(20, 90), rng.randint(5, 40)
+        c = rng.randint(2, a + b - 1)
+        return (
+            f"{name} has {a} {item}, finds {b} more, then loses {c}. How many {item} does {name} "
+            "have now?",
+            a + b - c,
+        )
+    if shape == 1:
+        a, b, c = rng.randint(3, 12), rng.randint(4, 15), rng.randint(2, 30)
+        return (
+            f"{name} buys {a} bags with {b} {item} in each bag, then gets {c} more from a friend. "
+            f"How many {item} does {name} have?",
+            a * b + c,
+        )
+    if shape == 2:
+        a, b = rng.randint(3, 12), rng.randint(4, 15)
+        c = rng.randint(2, a * b - 1)
+        return (
+            f"{name} buys {a} bags with {b} {item} in each bag, then drops {c}. How many {item} "
+            f"does {name} have left?",
+            a * b - c,
+        )
+    if shape == 3:
+        a, b, c = rng.randint(10, 40), rng.randint(10, 40), rng.randint(2, 9)
+        return (
+            f"{name} sells {a} {item} on Monday and {b} on Tuesday for {c} dollars each. How many "
+            f"dollars does {name} get?",
+            (a + b) * c,
+        )
+    b, q, c = rng.randint(2, 9), rng.randint(3, 15), rng.randint(2, 10)
+    return (
+        f"{b * q} {item} are split equally among {b} friends, and each friend then finds {c} more. "
+        f"How many {item} does each friend have?",
+        q + c,
+    )
+
+
+def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
+    """The probe's data set: train = 128 one-operation and 128 two-operation problems, then
+    the mixed and arithmetic train splits' word problems (interleaved); test = the mixed and
+    arithmetic test splits' word problems (interleaved). References are computed here; no
+    expression is stored."""
+    rng = random.Random("curriculum-probe" if seed == 0 else f"curriculum-probe:{seed}")
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for generate in (_one_operation, _two_operations):
+        made = 0
+        while made < EASY:
+            question, value = generate(rng)
+            if question in seen:
+                continue
+            seen.add(question)
+            made += 1
+            rows.append(
+                {
+                    "id": f"easy/{len(rows)}",
+                    "question": question,
+                    "reference": str(value),
+                    "kind": "math",
+                    "split": "train",
+                }  # fmt: skip
+            )
+
+    def words(name: str, split: str) -> list[Any]:
+        examples = load_dataset(name, split=split, seed=seed)
+        if name == "mixed":
+            return [e for e in examples if e.meta.get("domain") == "word"]
+        return [e for e in examples if e.meta.get("level") == 3]
+
+    test = [
+        e
+        for pair in zip(words("mixed", "test"), words("arithmetic", "test"), strict=False)
+        for e in pair
+    ]
+    held = {e.question for e in test}
+    for pair in zip(words("mixed", "train"), words("arithmetic", "train"), strict=False):
+        for e in pair:
+            if e.question not in held and e.question not in seen:
+                seen.add(e.question)
+                rows.append({"id": e.id, "question": e.question, "reference": e.reference,
+                             "kind": "math", "split": "train"})  # fmt: skip
+    for e in test:
+        rows.append({"id": e.id, "question": e.question, "reference": e.reference,
+                     "kind": "math", "split": "test"})  # fmt: skip
+    return rows
+
+
+def _conductor(home: Path, *args: str) -> dict[str, Any]:
+    env = {**os.environ, "CONDUCTOR_HOME": str(home)}
+    log = home / "curriculum" / "log.txt"
+    with log.open("a") as stderr:
+        done = subprocess.run(
+            [sys.executable, "-c", "from flows.cli import main; main()", *args, "--json"],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        sys.exit(f"conductor {' '.join(args[:1])} failed ({done.returncode}); see {log}")
+    return json.loads(done.stdout)
+
+
+def _sampled(home: Path, train_run: str) -> dict[str, int]:
+    """Right samples, samples and questions with a right sample of one training run."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(home / "artifacts" / "runs", format="parquet").to_table(
+        columns=["question_id", "correct", "tags"]
+    )
+    rows = [r for r in table.to_pylist() if dict(r["tags"]).get("train_run") == train_run]
+    right = [r for r in rows if r["correct"]]
+    return {"samples": len(rows), "right": len(right),
+            "questions": len({r["question_id"] for r in right})}  # fmt: skip
+
+
+def run(home: Path, seed: int) -> dict[str, Any]:
+    (home / "curriculum").mkdir(parents=True, exist_ok=True)
+    data = home / "curriculum" / "words.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in curriculum_rows(seed)))
+    results: dict[str, Any] = {}
+    baseline = home / "curriculum" / "baseline.json"
+    if not baseline.exists():
+        out = _conductor(home, "eval", "--dataset", str(data), "--strategy", "conductor",
+                         "--limit", str(HELD_OUT))  # fmt: skip
+        baseline.write_text(json.dumps(out))
+    base = json.loads(baseline.read_text())
+    results["shipped conductor"] = {"held_out": base["correct"] / base["n"]}
+    adapters = {"embedded": "embedded"}
+    for spec in ROUNDS:
+        path = home / "curriculum" / f"{spec['name']}.json"
+        if not path.exists():
+            started = time.perf_counter()
+            args = [
+                "train-conductor", "--dataset", str(data), "--init-adapter",
+                adapters[spec["init"]], "--no-warm-start", "--self-sample-rounds", "1",
+                "--self-sample-questions", str(QUESTIONS), "--self-sample-k", str(K),
+                "--warm-start-epochs", "4", "--max-steps", "0", "--eval-stages",
+                "--eval-limit", str(HELD_OUT), "--collect-limit", str(spec["offset"]),
+                "--no-eval-before", "--no-promote", "--seed", str(seed),
+                *(["--self-sample-hints", "word-problems"] if spec["hints"] else []),
+            ]  # fmt: skip
+            out = _conductor(home, *args)
+            out["probe_wall_s"] = round(time.perf_counter() - started, 1)
+            path.write_text(json.dumps(out))
+        out = json.loads(path.read_text())
+        adapters[spec["name"]] = out["adapter_uri"]
+        stage = out["stages"][-1]
+        results[spec["name"]] = {
+            **spec,
+            **_sampled(home, out["run_id"]),
+            "plans_trained": stage["examples"],
+            "held_out": stage["accuracy"],
+            "valid": stage["format_valid"],
+            "wall_min": round(out.get("probe_wall_s", out["wall_s"]) / 60, 1),
+        }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--home", type=Path, required=True, help="a CONDUCTOR_HOME of its own")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = run(args.home.resolve(), args.seed)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"held-out word problems: the first {HELD_OUT} of the test split")
+    print("| stage | from | questions | hint | right samples | questions solved | plans trained "
+          "| held-out | valid | wall |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        if "init" not in r:
+            print(f"| {name} | – | – | – | – | – | – | {r['held_out']:.1%} | – | – |")
+            continue
+        print(
+            f"| {name} | {r['init']} | {r['offset']}–{r['offset'] + QUESTIONS - 1} | "
+            f"{'yes' if r['hints'] else 'no'} | {r['right']}/{r['samples']} | {r['questions']} | "
+            f"{r['plans_trained']} | {r['held_out']:.1%} | {r['valid']:.0%} | {r['wall_min']} min |"
+        )
+
+
+if __name__ == "__main__":
+    main()
