@@ -287,6 +287,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         init = start
         n_warm = None
         stages: list[StageScore] = []
+        scored_adapters: dict[Path, EvalResult] = {}  # a stage's eval, reused as `after`
         # With fan_out, every plan of this run (self-sampling, GRPO rollouts, evals) is
         # executed by the fleet's `conductor serve` processes, not by the trainer's host.
         fleet = Fleet(request.rollout_concurrency) if request.fan_out else None
@@ -294,6 +295,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         def stage_score(name: str, adapter: Path, **counts: int | None) -> None:
             if request.eval_stages:
                 scored = _eval(request, str(adapter), f"stage {name}", run_id)
+                scored_adapters[adapter] = scored
                 stages.append(
                     StageScore(
                         stage=name,
@@ -361,7 +363,9 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
             grpo, final = None, init
         else:
             raise ConductorError("nothing to train: max_steps is 0 and there is no warm start")
-        after = _eval(request, str(final), "after", run_id)
+        # With eval_stages and no GRPO the last stage's adapter is the final one: its
+        # held-out eval is already done (the MLflow run "stage round-N"), not run twice.
+        after = scored_adapters.get(final) or _eval(request, str(final), "after", run_id)
         incumbent_acc = (
             _incumbent_accuracy(request, signature, before, run_id) if request.promote else None
         )

@@ -322,6 +322,12 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
     assert (Path(result.adapter_dir) / "adapter_model.safetensors").exists()
     provenance = json.loads((Path(result.adapter_dir) / "conductor.json").read_text())
     assert provenance["provenance"]["continued_from"] is None  # from the base, as the warm start
+    # The final adapter is the last stage's: its eval is "after", not run a second time.
+    assert result.accuracy_after == result.stages[-1].accuracy
+    evals = ArtifactStore().read_pandas("runs")
+    evals = {dict(t).get("eval_id") for t in evals["tags"] if "self_sample_round" not in dict(t)}
+    # the oracle's, one per stage, and the incumbent's (the champion to beat): no "after"
+    assert len(evals - {None}) == 1 + 2 + 1
 
 
 def test_an_sft_stage_goes_on_training_the_adapter_it_is_given(setup, tiny_base, tmp_path):
