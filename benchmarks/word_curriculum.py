@@ -47,9 +47,11 @@ EASY = 128  # questions of each difficulty (one operation, then two)
 #: The rounds: the conductor each starts from ("embedded", or an earlier round's adapter),
 #: where in the train split its questions start, and whether it samples with the built-in
 #: ``word-problems`` hint (worked examples in the sampling prompt only).
+#: Questions 0-127 are one operation, 128-255 two, 256 on the generators' own.
 ROUNDS: list[dict[str, Any]] = [
     {"name": "round-1", "init": "embedded", "offset": 0, "hints": True},
     {"name": "round-2", "init": "round-1", "offset": 96, "hints": False},
+    {"name": "round-3", "init": "round-2", "offset": 224, "hints": False},
 ]
 
 _NAMES = ("Tom", "Ana", "Ben", "Lily", "Omar", "Zoe", "Raj", "Ella")
