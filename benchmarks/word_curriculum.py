@@ -135,6 +135,10 @@ def _two_operations(rng: random.Random) -> tuple[str, int]:
     )
 
 
+def _row(id_: str, question: str, reference: str, split: str) -> dict[str, Any]:
+    return {"id": id_, "question": question, "reference": reference, "kind": "math", "split": split}
+
+
 def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
     """The probe's data set: train = 128 one-operation and 128 two-operation problems, then
     the mixed and arithmetic train splits' word problems (interleaved); test = the mixed and
@@ -151,15 +155,7 @@ def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
                 continue
             seen.add(question)
             made += 1
-            rows.append(
-                {
-                    "id": f"easy/{len(rows)}",
-                    "question": question,
-                    "reference": str(value),
-                    "kind": "math",
-                    "split": "train",
-                }  # fmt: skip
-            )
+            rows.append(_row(f"easy/{len(rows)}", question, str(value), "train"))
 
     def words(name: str, split: str) -> list[Any]:
         examples = load_dataset(name, split=split, seed=seed)
@@ -177,11 +173,9 @@ def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
         for e in pair:
             if e.question not in held and e.question not in seen:
                 seen.add(e.question)
-                rows.append({"id": e.id, "question": e.question, "reference": e.reference,
-                             "kind": "math", "split": "train"})  # fmt: skip
+                rows.append(_row(e.id, e.question, e.reference, "train"))
     for e in test:
-        rows.append({"id": e.id, "question": e.question, "reference": e.reference,
-                     "kind": "math", "split": "test"})  # fmt: skip
+        rows.append(_row(e.id, e.question, e.reference, "test"))
     return rows
 
 
