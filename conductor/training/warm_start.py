@@ -37,9 +37,8 @@ def _true(value: Any) -> bool:
     return bool(value.item() if hasattr(value, "item") else value) if value is not None else False
 
 
-def _strategy(tags: Any) -> str:
-    pairs = tags.items() if isinstance(tags, dict) else (tags if tags is not None else [])
-    return dict(pairs).get("strategy", "")
+def _tags(tags: Any) -> dict[str, str]:
+    return dict(tags.items() if isinstance(tags, dict) else (tags if tags is not None else []))
 
 
 def _workflow(lists_json: str, pool: Pool) -> Workflow | None:
@@ -112,7 +111,10 @@ def warm_start_examples(
 
     - only runs with ``correct`` true and status ``completed``, whose plan decided the answer
       (self-consistency answers by a vote, not by its plan's last step, so it is skipped);
-    - ``exclude_questions`` (the held-out split) never appear;
+    - ``exclude_questions`` (the held-out split) never appear, nor any run tagged
+      ``split=test``: a store shared by several evals holds other data sets' test
+      questions too (issue #18: a word-problem probe's held-out evals would otherwise have
+      become targets of a later ``--dataset mixed`` run);
     - at most ``per_question`` distinct plans per question, deduplicated, the shortest
       first (the simplest plan that was verified right: one tool step over a chain that
       also ended right);
@@ -130,7 +132,10 @@ def warm_start_examples(
     for run in runs.itertuples(index=False):
         if not _true(run.correct) or run.status != "completed" or not run.workflow_json:
             continue
-        if _strategy(run.tags).startswith("self-consistency"):
+        tags = _tags(run.tags)
+        if tags.get("strategy", "").startswith("self-consistency"):
+            continue
+        if tags.get("split") == "test":  # an eval of some test split, held out or not
             continue
         question = str(run.question).strip()
         if question in excluded:

@@ -171,6 +171,18 @@ def test_warm_start_never_reads_the_reference_and_skips_held_out_questions():
     )
 
 
+def test_warm_start_never_trains_on_a_test_split_run():
+    frames = pd.concat(
+        [
+            _runs(tags=[("strategy", "conductor"), ("split", "train")]),
+            _runs(question="What is 40 + 2?", tags=[("strategy", "conductor"), ("split", "test")]),
+        ],
+        ignore_index=True,
+    )
+    rows = warm_start_examples(frames, POOL)  # no exclude list: the tag alone keeps it out
+    assert [r["prompt"][-1]["content"] for r in rows] == ["Question: What is 17 + 25?"]
+
+
 def test_warm_start_limit_draws_a_seeded_subset():
     frames = pd.concat([_runs(question=f"What is {i} + 1?") for i in range(10)], ignore_index=True)
     a = warm_start_examples(frames, POOL, limit=4, seed=1)
