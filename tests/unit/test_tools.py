@@ -399,6 +399,39 @@ def test_python_fails_on_prose_instead_of_answering(tools: None) -> None:
         run_tool("tool/python", _ask("Run"))
 
 
+@pytest.mark.parametrize(
+    ("code", "answer"),
+    [
+        ("20 * 22 - 49", "391"),  # an expression plan, as the conductor writes them
+        ("x = 3; x * 2", "6"),
+        ("(1 +\n 2)", "3"),
+        ("def f():\n    return 5\nf()", "5"),
+        ("x = 'é'\n'ü' + x  # a comment", "'üé'"),  # repr, as a Python prompt shows it
+        ("print('a')", "a"),  # print returns None: nothing more is shown
+        ("print(1)\n2 ** 10", "1\n1024"),
+        ("x = None\nx", "(no output)"),
+        ("if True:\n    7", "(no output)"),  # only a top-level expression is shown
+    ],
+)
+def test_python_shows_the_value_of_a_last_expression(tools: None, code: str, answer: str) -> None:
+    assert run_tool("tool/python", _ask(code)) == answer
+
+
+def test_show_last_value_keeps_the_code_before_it_and_leaves_the_rest_alone(tools: None) -> None:
+    from conductor.providers.tools.sandbox import show_last_value
+
+    program = "total = 0\nfor i in range(4):\n    total += i\ntotal"
+    shown = show_last_value(program)
+    assert shown.startswith("total = 0\nfor i in range(4):\n    total += i\n")
+    assert "print(repr(" in shown and run_tool("tool/python", _ask(program)) == "6"
+    # no last expression, code that does not parse, a splice that would not parse
+    for unchanged in ("x = 1", "print(2)\nx = 3", "1 +", "x=1\n\\\n  x+1"):
+        assert show_last_value(unchanged) == unchanged
+    # a syntax error is still reported on the user's own line
+    out = run_tool("tool/python", _ask("```python\nx = 1\n1 +\n```"))
+    assert "SyntaxError" in out and "line 2" in out
+
+
 def test_python_runs_code_from_earlier_answer(tools: None) -> None:
     messages = [
         {"role": "user", "content": "Write code that prints 6 * 7."},

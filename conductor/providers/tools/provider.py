@@ -30,6 +30,7 @@ from conductor.providers.tools.sandbox import (
     SandboxMode,
     extract_code,
     run_sandboxed,
+    show_last_value,
 )
 
 __all__ = [
@@ -89,7 +90,8 @@ def answer_python(
     sandbox: SandboxMode = "isolated",
 ) -> str:
     """Run the subtask's code, else the latest visible answer's, else a fenced block of the
-    shared question, and report what it printed.
+    shared question, and report what it printed; a last statement that is an expression has
+    its value printed too, as at a Python prompt (:func:`show_last_value`).
 
     The last fallback lets a plan say "run the program in the question" without copying the
     program into its subtask: issue #18 measured conductor plans cut at their token limit
@@ -110,6 +112,7 @@ def answer_python(
             continue
     if code is None:
         raise ToolError("python: no code in the instruction, an earlier answer or the question")
+    code = show_last_value(code)
     limit = min(PYTHON_TIMEOUT_S, timeout_s) if timeout_s else PYTHON_TIMEOUT_S
     result = run_sandboxed(code, mode=sandbox, timeout_s=limit)
     answer = result.stdout.rstrip("\n")

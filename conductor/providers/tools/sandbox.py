@@ -406,3 +406,42 @@ def extract_code(text: str) -> str:
     if tree is None or trivial:
         raise ToolError("python: no code in the instruction (expected a ```python block)")
     return text
+
+
+_SHOWN = "__conductor_shown__"
+
+
+def show_last_value(code: str) -> str:
+    """The code with its last statement's value printed, as a Python prompt or a notebook
+    cell shows it: when the last top-level statement is an expression, its value is printed
+    with ``repr`` unless it is ``None`` (so ``print(...)`` adds nothing).
+
+    A step whose subtask is ``20 * 22 - 49`` then answers ``391`` instead of ``(no output)``.
+    The code is only parsed here (``ast``), and rewritten as text: everything before the last
+    statement is kept as written, so line numbers in a traceback stay the user's. Code that
+    does not parse is returned unchanged, for the sandbox to report its ``SyntaxError``, and
+    so is code whose rewrite would not parse.
+    """
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return code
+    if not body or not isinstance(body[-1], ast.Expr):
+        return code
+    last = body[-1]
+    lines = code.splitlines(keepends=True)
+    # ast offsets are UTF-8 byte columns; slice the encoded line, not the str.
+    head = "".join(lines[: last.lineno - 1])
+    head += lines[last.lineno - 1].encode()[: last.col_offset].decode()
+    expression = ast.get_source_segment(code, last)
+    if expression is None:  # pragma: no cover - every parsed statement has positions
+        return code
+    shown = (
+        f"{head}{_SHOWN} = (\n{expression}\n)\n"
+        f"if {_SHOWN} is not None:\n    print(repr({_SHOWN}))\n"
+    )
+    try:  # a rare layout (a line continuation before the statement) breaks the splice
+        ast.parse(shown)
+    except SyntaxError:
+        return code
+    return shown
