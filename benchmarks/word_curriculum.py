@@ -51,6 +51,7 @@ HELD_OUT = 40
 QUESTIONS = 64  # fresh training questions per round
 K = 4  # plans per question
 EASY = 128  # questions of each difficulty (one operation, then two)
+THREE = 128  # three-operation (and bracketed-sum) problems, after the generators' ones
 
 #: The rounds: the conductor each starts from ("embedded", or an earlier round's adapter),
 #: where in the train split its questions start, and whether it samples with the built-in
@@ -61,6 +62,14 @@ ROUNDS: list[dict[str, Any]] = [
     {"name": "round-2", "init": "round-1", "offset": 96, "hints": False},
     {"name": "round-3", "init": "round-2", "offset": 224, "hints": False},
 ]
+
+#: Rounds after the routing stage, from its adapter: the three-operation block ("three": its
+#: offset), sampled 8 times per question; the SFT (all stored verified plans, word problems
+#: and the mixed set's other domains alike, balanced over workers) runs 2 epochs.
+AFTER_ROUTING: list[dict[str, Any]] = [
+    {"name": "round-4", "init": "routing", "offset": "three", "hints": False, "k": 8,
+     "epochs": 2, "examples": 400},
+]  # fmt: skip
 
 _NAMES = ("Tom", "Ana", "Ben", "Lily", "Omar", "Zoe", "Raj", "Ella")
 _ITEMS = ("shells", "cards", "buttons", "beads", "coins", "stones", "rings", "leaves")
@@ -143,6 +152,44 @@ def _two_operations(rng: random.Random) -> tuple[str, int]:
     )
 
 
+def _three_operations(rng: random.Random) -> tuple[str, int]:
+    """Three operations, or two with a sum that must be bracketed: the shapes of the stories
+    no round solved (issue #18), in the probe's own names, items and phrasings."""
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    shape = rng.randrange(4)
+    if shape == 0:
+        a, b, c = rng.randint(10, 90), rng.randint(2, 9), rng.randint(3, 12)
+        d = rng.randint(2, a + b * c - 1)
+        return (
+            f"{name} has {a} {item}, buys {b} packs of {c} {item} each, then gives away {d}. "
+            f"How many {item} does {name} have now?",
+            a + b * c - d,
+        )
+    if shape == 1:
+        a = rng.randint(30, 90)
+        b, c = rng.randint(2, a - 1), rng.randint(2, 30)
+        d = rng.randint(1, a - b + c)
+        return (
+            f"{name} has {a} {item}, loses {b}, finds {c}, then loses {d} more. How many "
+            f"{item} does {name} have now?",
+            a - b + c - d,
+        )
+    if shape == 2:
+        a, b, c = rng.randint(2, 12), rng.randint(2, 12), rng.randint(3, 15)
+        return (
+            f"{name} fills {a} jars on Monday and {b} jars on Tuesday, with {c} {item} in every "
+            f"jar. How many {item} are in the jars?",
+            (a + b) * c,
+        )
+    a, b, c = rng.randint(3, 12), rng.randint(4, 15), rng.randint(2, 30)
+    d = rng.randint(1, a * b + c - 1)
+    return (
+        f"{name} buys {a} bags with {b} {item} in each bag, finds {c} more, then loses {d}. "
+        f"How many {item} does {name} have?",
+        a * b + c - d,
+    )
+
+
 def _row(id_: str, question: str, reference: str, split: str) -> dict[str, Any]:
     return {"id": id_, "question": question, "reference": reference, "kind": "math", "split": split}
 
@@ -182,6 +229,16 @@ def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
             if e.question not in held and e.question not in seen:
                 seen.add(e.question)
                 rows.append(_row(e.id, e.question, e.reference, "train"))
+    # Added after the generators' rows (its own draw), so every earlier row keeps its offset.
+    rng3 = random.Random(f"curriculum-probe-three:{seed}")
+    made = 0
+    while made < THREE:
+        question, value = _three_operations(rng3)
+        if question in seen:
+            continue
+        seen.add(question)
+        made += 1
+        rows.append(_row(f"three/{made - 1}", question, str(value), "train"))
     for e in test:
         rows.append(_row(e.id, e.question, e.reference, "test"))
     return rows
@@ -244,32 +301,7 @@ def run(home: Path, seed: int) -> dict[str, Any]:
     results["shipped conductor"] = {"held_out": base["correct"] / base["n"]}
     adapters = {"embedded": "embedded"}
     for spec in ROUNDS:
-        path = home / "curriculum" / f"{spec['name']}.json"
-        if not path.exists():
-            started = time.perf_counter()
-            args = [
-                "train-conductor", "--dataset", str(data), "--init-adapter",
-                adapters[spec["init"]], "--no-warm-start", "--self-sample-rounds", "1",
-                "--self-sample-questions", str(QUESTIONS), "--self-sample-k", str(K),
-                "--warm-start-epochs", "4", "--max-steps", "0", "--eval-stages",
-                "--eval-limit", str(HELD_OUT), "--collect-limit", str(spec["offset"]),
-                "--no-eval-before", "--no-promote", "--seed", str(seed),
-                *(["--self-sample-hints", "word-problems"] if spec["hints"] else []),
-            ]  # fmt: skip
-            out = _conductor(home, *args)
-            out["probe_wall_s"] = round(time.perf_counter() - started, 1)
-            path.write_text(json.dumps(out))
-        out = json.loads(path.read_text())
-        adapters[spec["name"]] = out["adapter_uri"]
-        stage = out["stages"][-1]
-        results[spec["name"]] = {
-            **spec,
-            **_sampled(home, out["run_id"]),
-            "plans_trained": stage["examples"],
-            "held_out": stage["accuracy"],
-            "valid": stage["format_valid"],
-            "wall_min": round(out.get("probe_wall_s", out["wall_s"]) / 60, 1),
-        }
+        results[spec["name"]] = _round(home, data, spec, adapters, seed)
     path = home / "curriculum" / "routing.json"
     if not path.exists():
         started = time.perf_counter()
@@ -277,7 +309,54 @@ def run(home: Path, seed: int) -> dict[str, Any]:
         out["probe_wall_s"] = round(time.perf_counter() - started, 1)
         path.write_text(json.dumps(out))
     results["routing"] = json.loads(path.read_text())
+    adapters["routing"] = results["routing"]["adapter"]
+    three = sum(r["split"] == "train" for r in curriculum_rows(seed)) - THREE
+    for spec in AFTER_ROUTING:
+        spec = {**spec, "offset": three if spec["offset"] == "three" else spec["offset"]}
+        results[spec["name"]] = _round(home, data, spec, adapters, seed, mixed=True)
     return results
+
+
+def _round(
+    home: Path, data: Path, spec: dict[str, Any], adapters: dict[str, str], seed: int,
+    mixed: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """One round (``train-conductor``, resumable by its result file); with ``mixed`` its
+    adapter is also evaluated on the mixed test split's first ``HELD_OUT``."""
+    path = home / "curriculum" / f"{spec['name']}.json"
+    if not path.exists():
+        started = time.perf_counter()
+        args = [
+            "train-conductor", "--dataset", str(data), "--init-adapter",
+            adapters[spec["init"]], "--no-warm-start", "--self-sample-rounds", "1",
+            "--self-sample-questions", str(QUESTIONS), "--self-sample-k", str(spec.get("k", K)),
+            "--warm-start-epochs", str(spec.get("epochs", 4)),
+            "--warm-start-examples", str(spec.get("examples", 160)),
+            "--max-steps", "0", "--eval-stages",
+            "--eval-limit", str(HELD_OUT), "--collect-limit", str(spec["offset"]),
+            "--no-eval-before", "--no-promote", "--seed", str(seed),
+            *(["--self-sample-hints", "word-problems"] if spec["hints"] else []),
+        ]  # fmt: skip
+        out = _conductor(home, *args)
+        if mixed:
+            scored = _conductor(home, "eval", "--dataset", "mixed", "--split", "test",
+                                "--strategy", "conductor", "--conductor", out["adapter_uri"],
+                                "--limit", str(HELD_OUT))  # fmt: skip
+            out["mixed"] = scored["correct"] / scored["n"]
+        out["probe_wall_s"] = round(time.perf_counter() - started, 1)
+        path.write_text(json.dumps(out))
+    out = json.loads(path.read_text())
+    adapters[spec["name"]] = out["adapter_uri"]
+    stage = out["stages"][-1]
+    return {
+        **spec,
+        **_sampled(home, out["run_id"]),
+        "plans_trained": stage["examples"],
+        "held_out": stage["accuracy"],
+        "valid": stage["format_valid"],
+        **({"mixed": out["mixed"]} if "mixed" in out else {}),
+        "wall_min": round(out.get("probe_wall_s", out["wall_s"]) / 60, 1),
+    }
 
 
 def main() -> None:
