@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from benchmarks.word_curriculum import EASY, curriculum_rows
+from benchmarks.word_curriculum import EASY, THREE, curriculum_rows
 from conductor.data.datasets import load_dataset
 
 
@@ -47,3 +47,31 @@ def test_the_curriculum_is_train_only_and_the_held_out_set_is_both_generators_wo
     held_out = [r["question"] for r in test[:40]]
     assert sum(q in mixed for q in held_out) == 20 and sum(q in arith for q in held_out) == 20
     assert curriculum_rows(0) == rows and curriculum_rows(1) != rows  # seeded
+
+
+def _solve_three(question: str) -> int:
+    """The three-operation block's arithmetic, read back from the text."""
+    n = [int(x) for x in re.findall(r"\d+", question)]
+    if "packs of" in question:
+        return n[0] + n[1] * n[2] - n[3]
+    if "jars on Monday" in question:
+        return (n[0] + n[1]) * n[2]
+    if "bags with" in question:
+        return n[0] * n[1] + n[2] - n[3]
+    return n[0] - n[1] + n[2] - n[3]  # loses, finds, then loses more
+
+
+def test_the_three_operation_block_ends_the_train_split_and_moves_no_earlier_row():
+    rows = curriculum_rows(0)
+    train = [r for r in rows if r["split"] == "train"]
+    three, before = train[-THREE:], train[:-THREE]
+    assert all(r["id"].startswith("three/") for r in three)
+    assert not any(r["id"].startswith("three/") for r in before)
+    # the generators' rows come right before it: the block is appended, offsets stay
+    assert not before[-1]["id"].startswith("easy/")
+    for r in three:
+        assert int(r["reference"]) == _solve_three(r["question"]) >= 0, r
+        assert set(r) == {"id", "question", "reference", "kind", "split"}
+    kinds = {("packs of" in q) + 2 * ("jars on" in q) + 4 * ("bags with" in q) for q in
+             (r["question"] for r in three)}  # fmt: skip
+    assert kinds == {0, 1, 2, 4}  # every shape drawn
