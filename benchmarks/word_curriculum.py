@@ -72,14 +72,16 @@ ROUNDS: list[dict[str, Any]] = [
     {"name": "round-3", "init": "round-2", "offset": 224, "hints": False},
 ]
 
-#: Rounds after the routing stage, from its adapter: the three-operation block ("three": its
-#: offset, plus ``skip``), sampled 8 times per question; the SFT (all stored verified plans,
-#: word problems and the mixed set's other domains alike, balanced over workers) runs 2 epochs.
+#: Rounds after the routing stage: round 4 from its adapter on the three-operation block
+#: ("three": the block's offset), round 5 from round 4's on the generators' word problems
+#: that round 3 did not reach (288-351), both sampled 8 times per question; the SFT (all stored
+#: verified plans, word problems and the mixed set's other domains alike, balanced over
+#: workers) runs 2 epochs.
 AFTER_ROUTING: list[dict[str, Any]] = [
     {"name": "round-4", "init": "routing", "offset": "three", "hints": False, "k": 8,
      "epochs": 2, "examples": 400},
-    {"name": "round-5", "init": "round-4", "offset": "three", "skip": QUESTIONS, "hints": False,
-     "k": 8, "epochs": 2, "examples": 400},
+    {"name": "round-5", "init": "round-4", "offset": 288, "hints": False, "k": 8, "epochs": 2,
+     "examples": 400},
 ]  # fmt: skip
 
 _NAMES = ("Tom", "Ana", "Ben", "Lily", "Omar", "Zoe", "Raj", "Ella")
@@ -325,7 +327,7 @@ def run(home: Path, seed: int) -> dict[str, Any]:
     three = sum(r["split"] == "train" for r in curriculum_rows(seed)) - THREE
     for spec in AFTER_ROUTING:
         if spec["offset"] == "three":
-            spec = {**spec, "offset": three + spec.get("skip", 0)}
+            spec = {**spec, "offset": three}
         results[spec["name"]] = _round(home, data, spec, adapters, seed, mixed=True)
     return results
 
