@@ -330,7 +330,10 @@ def test_the_shipped_adapter_is_small_and_says_how_it_was_made():
     assert info.path == embedded_adapter_path().resolve()
     assert resolve_conductor(EMBEDDED_ADAPTER).path == info.path
     assert info.base == "smollm2-135m-instruct" and info.prompt == "compact"
-    assert info.provenance["stage"] in ("grpo", "warm-start") and info.provenance["mlflow_run"]
+    assert (
+        info.provenance["stage"] in ("grpo", "warm-start", "self-sampling")
+        and info.provenance["mlflow_run"]
+    )
     assert info.provenance["command"]  # the project's own command that made it
     size = sum(f.stat().st_size for f in info.path.iterdir())
     assert size <= 10 * 2**20
