@@ -28,9 +28,10 @@ no two-operation shape of the easy block was ever sampled right for the brackete
 train split ends with a block of 128 such problems in the probe's own phrasings ("Zoe has 46
 cards, buys 7 packs of 6 cards each, then gives away 36"), after the generators' rows so that
 every earlier offset stays; ``round-4`` samples 64 of them 8 times each from the routing
-stage's adapter (the shipped default), and its SFT (2 epochs, from that adapter) is on every
-verified plan stored, the mixed set's other domains included, so routing is kept; it is
-scored on the held-out 40 and on the mixed test split's first 40.
+stage's adapter, and ``round-5`` 64 of the generators' training word problems from round 4's;
+each SFT (2 epochs, from the round's starting adapter) is on every verified plan stored, the
+mixed set's other domains included, so routing is kept; each is scored on the held-out 40
+and on the mixed test split's first 40. Round 5's adapter is the embedded default.
 
     python benchmarks/word_curriculum.py --home DIR [--json]
 
