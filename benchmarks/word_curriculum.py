@@ -305,7 +305,8 @@ def _sampled(home: Path, train_run: str) -> dict[str, int]:
 def run(home: Path, seed: int) -> dict[str, Any]:
     (home / "curriculum").mkdir(parents=True, exist_ok=True)
     data = home / "curriculum" / "words.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in curriculum_rows(seed)))
+    rows = curriculum_rows(seed)
+    data.write_text("\n".join(json.dumps(r) for r in rows))
     results: dict[str, Any] = {}
     baseline = home / "curriculum" / "baseline.json"
     if not baseline.exists():
@@ -325,7 +326,7 @@ def run(home: Path, seed: int) -> dict[str, Any]:
         path.write_text(json.dumps(out))
     results["routing"] = json.loads(path.read_text())
     adapters["routing"] = results["routing"]["adapter"]
-    three = sum(r["split"] == "train" for r in curriculum_rows(seed)) - THREE
+    three = sum(r["split"] == "train" for r in rows) - THREE
     for spec in AFTER_ROUTING:
         if spec["offset"] == "three":
             spec = {**spec, "offset": three}
