@@ -381,6 +381,8 @@ def sandbox_run_tests(program: str, tests: str, entry_point: str) -> tuple[bool,
         return False, f"timed out after {SANDBOX_TIMEOUT_S:g} s"
     if result.returncode != 0:
         return False, f"tests failed (exit {result.returncode}): {result.stderr[-_MAX_DETAILS:]}"
+    if not result.ran_to_end:  # exit 0 without the harness's sentinel: os._exit(0) and kin
+        return False, "the tests did not run to their end (the program exited before)"
     return True, "all tests passed"
 
 

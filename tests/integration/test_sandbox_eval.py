@@ -32,6 +32,10 @@ HOSTILE = {
     "memory": "x = bytearray(4 * 1024**3)",
     "disk": "while True:\n    open(f'f{{id(object())}}', 'wb').write(b'x' * (1 << 20))",
     "late": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1)\n    open({late!r}, 'w').write('late')\nprint('bye')",  # noqa: E501
+    # issue #38: the caller's session keyring (the fixture puts the canary in it), and host
+    # memory past every rlimit through memfds
+    "keyring": "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.syscall.restype = ctypes.c_long\nbuf = ctypes.create_string_buffer(64)\nkey = libc.syscall(250, 10, -3, b'user', b'rt-secret', 0)\nprint(key, libc.syscall(250, 11, key, buf, 64), buf.value)",  # noqa: E501
+    "memfd": "import os\nfds = [os.memfd_create('m') for _ in range(80)]\nfor fd in fds: os.posix_fallocate(fd, 0, 10 << 20)\nprint('held 800 MB')",  # noqa: E501
     "fine": "print(317 * 331)",
 }
 # What only "fine" prints: a number no path, port or pid in the others' tracebacks can hold
@@ -39,10 +43,27 @@ HOSTILE = {
 FINE = "104927"
 
 
+def _session_key(payload: str) -> None:
+    """Join a fresh session keyring (as an engine under ssh or systemd holds one) and put
+    ``payload`` in it, or skip loudly where this kernel has no keyrings."""
+    import ctypes
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("KEYRING PROGRAM NOT RUN: syscall numbers are x86_64's")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(250, 1, b"conductor-eval-session") <= 0:
+        pytest.skip(f"KEYRING PROGRAM NOT RUN: no session keyring (errno {ctypes.get_errno()})")
+    data = payload.encode()
+    assert libc.syscall(248, b"user", b"rt-secret", data, len(data), -3) > 0
+
+
 @pytest.fixture()
 def hostile_eval(tmp_path, monkeypatch):
     import socket
 
+    _session_key(CANARY)
     monkeypatch.setenv("FAKE_API_KEY", CANARY)
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -108,6 +129,7 @@ def test_hostile_programs_through_eval(hostile_eval, tmp_path):
     assert sorted(r["question_id"] for r in runs) == sorted(HOSTILE)
     assert len(steps) == len(HOSTILE) and {s["sandbox"] for s in steps} == {"isolated"}
     assert CANARY not in json.dumps(runs + steps, default=str)
+    assert not any("held 800 MB" in (s["output"] or "") for s in steps)  # 512 MB + scratch
 
 
 def test_missing_helper_fails_closed_through_the_cli(tmp_path):

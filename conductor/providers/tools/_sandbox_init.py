@@ -130,6 +130,102 @@ def _ns_setup_root(cfg, call):  # noqa: ANN001, ANN202
     read_only("/", nosuid | nodev, 0)  # not recursive: /sandbox stays writable
 
 
+# Syscalls the sandboxed program has no use for, by machine (issue #38). Refused with EPERM:
+# nested namespaces (unshare, setns; clone with a CLONE_NEW* flag is checked below) and new
+# mounts, which would give the program a full capability set in a namespace of its own and a
+# tmpfs outside the scratch limit; the kernel keyrings (the session keyring is already a
+# fresh one); kernel attack surface no program here needs (bpf, userfaultfd, perf events,
+# io_uring). With no memory cgroup, memfd and SysV shared memory too: their pages escape
+# RLIMIT_AS. clone3 gets ENOSYS, so libc falls back to clone, whose flags a filter can read.
+_NS_SYSCALLS = {
+    "x86_64": {
+        "arch": 0xC000003E, "clone": 56, "clone3": 435,
+        "deny": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
+                 "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+                 "fsmount": 432, "fspick": 433, "mount_setattr": 442, "keyctl": 250,
+                 "add_key": 248, "request_key": 249, "bpf": 321, "userfaultfd": 323,
+                 "perf_event_open": 298, "io_uring_setup": 425, "io_uring_enter": 426,
+                 "io_uring_register": 427},
+        "shm": {"memfd_create": 319, "memfd_secret": 447, "shmget": 29},
+    },
+    "aarch64": {
+        "arch": 0xC00000B7, "clone": 220, "clone3": 435,
+        "deny": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
+                 "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+                 "fsmount": 432, "fspick": 433, "mount_setattr": 442, "keyctl": 219,
+                 "add_key": 217, "request_key": 218, "bpf": 280, "userfaultfd": 282,
+                 "perf_event_open": 241, "io_uring_setup": 425, "io_uring_enter": 426,
+                 "io_uring_register": 427},
+        "shm": {"memfd_create": 279, "memfd_secret": 447, "shmget": 194},
+    },
+}  # fmt: skip
+
+
+def _ns_seccomp_program(machine, deny_shm):  # noqa: ANN001, ANN202
+    """The classic-BPF seccomp filter, as (code, jt, jf, k) tuples. Pure: tested directly."""
+    table = _NS_SYSCALLS.get(machine)
+    if table is None:
+        raise OSError(0, f"seccomp: unsupported machine {machine}")
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|…|K, BPF_RET
+    allow, kill, errno = 0x7FFF0000, 0x80000000, 0x00050000  # SECCOMP_RET_*
+    eperm, enosys = errno | 1, errno | 38
+    new_ns = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
+    new_ns |= 0x40000000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, table["arch"]), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if machine == "x86_64":  # the x32 ABI: the same calls under other numbers
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    numbers = dict(table["deny"], **(table["shm"] if deny_shm else {}))
+    for number in sorted(set(numbers.values())):
+        prog += [(jeq, 0, 1, number), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, table["clone3"]), (ret, 0, 0, enosys)]
+    prog += [
+        (jeq, 0, 3, table["clone"]),
+        (ld, 0, 0, 16),  # seccomp_data.args[0], low 32 bits (little-endian): the flags
+        (jset, 0, 1, new_ns),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+    ]
+    return prog
+
+
+def _ns_seccomp(libc, call, deny_shm):  # noqa: ANN001, ANN202
+    """Install the filter on this thread (inherited by every child, kept across execve)."""
+    import ctypes
+    import platform
+
+    class Filter(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_uint16),
+            ("jt", ctypes.c_uint8),
+            ("jf", ctypes.c_uint8),
+            ("k", ctypes.c_uint32),
+        ]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    rows = _ns_seccomp_program(platform.machine(), deny_shm)
+    filters = (Filter * len(rows))(*[Filter(*row) for row in rows])
+    program = Program(len(rows), filters)
+    call("prctl", 22, 2, ctypes.byref(program), 0, 0)  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def _ns_join_session_keyring(libc):  # noqa: ANN001, ANN202
+    """A new, empty session keyring: the caller's (and its keys) is no longer reachable."""
+    import ctypes
+    import platform
+
+    number = _NS_SYSCALLS.get(platform.machine(), {}).get("deny", {}).get("keyctl")
+    if number is None:
+        raise OSError(0, f"keyctl: unsupported machine {platform.machine()}")
+    libc.syscall.restype = ctypes.c_long
+    serial = libc.syscall(number, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+    if serial < 0:
+        code = ctypes.get_errno()
+        if code not in (38, 1):  # ENOSYS: no keyrings in this kernel; EPERM: refused already
+            raise OSError(code, "keyctl(JOIN_SESSION_KEYRING) failed")
+
+
 def _ns_drop(cfg, libc, call):  # noqa: ANN001, ANN202
     """In pid 2, before exec: rlimits, then no way back to any capability."""
     import ctypes
@@ -153,6 +249,10 @@ def _ns_drop(cfg, libc, call):  # noqa: ANN001, ANN202
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
         call("prctl", 24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+    # The program (and all it forks) is the first victim when the memory cgroup is full, not
+    # the init or the helper that report how it ended. Raising the score needs no privilege.
+    with open("/proc/self/oom_score_adj", "w") as fh:
+        fh.write("1000")
     uid = cfg["sandbox_uid"]
     if cfg["setgroups"]:
         os.setgroups([])
@@ -162,6 +262,8 @@ def _ns_drop(cfg, libc, call):  # noqa: ANN001, ANN202
     call("capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: none
     call("prctl", 47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
     call("prctl", 38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    _ns_join_session_keyring(libc)
+    _ns_seccomp(libc, call, cfg["deny_shm"])  # last: from here on, no keyctl or prctl games
 
 
 def _ns_main():  # noqa: ANN202
@@ -189,6 +291,12 @@ def _ns_main():  # noqa: ANN202
         fail(f"cannot load libc for unshare(2) ({exc.strerror})")
     if os.getppid() != cfg["parent"]:
         os._exit(112)  # the caller is already gone
+    if cfg["cgroup_procs"]:  # before anything else: every process of the sandbox is charged
+        try:
+            with open(cfg["cgroup_procs"], "w") as fh:
+                fh.write(str(os.getpid()))
+        except OSError as exc:
+            fail(f"cannot join the sandbox's memory cgroup ({exc.strerror})")
     host_uid, host_gid = os.geteuid(), os.getegid()
     root_host = host_uid == 0
     mapper = None
@@ -254,7 +362,7 @@ def _ns_main():  # noqa: ANN202
                 argv = [cfg["python"], "-I", "-B", "-u", "-X", "utf8", "main.py"]
                 os.execve(cfg["python"], argv, cfg["env"])
             except OSError as exc:
-                fail(f"cannot start the interpreter in the sandbox ({exc})")
+                fail(f"cannot drop privileges or start the interpreter in the sandbox ({exc})")
         while True:  # reap orphans until the program itself ends
             pid, code = os.waitpid(-1, 0)
             if pid == program:

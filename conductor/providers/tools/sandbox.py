@@ -47,6 +47,7 @@ pipe open cannot stall the call, and only ``max_output`` characters are read bac
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import json
@@ -55,6 +56,7 @@ import math
 import os
 import re
 import resource
+import secrets
 import select
 import signal
 import subprocess
@@ -66,6 +68,7 @@ from dataclasses import dataclass
 from typing import IO, Literal
 
 from conductor.providers.tools import ToolError, _sandbox_init
+from conductor.providers.tools._sandbox_cgroup import MemoryCgroup, memory_cgroup
 
 __all__ = [
     "HELPER_ENV",
@@ -89,6 +92,7 @@ _NPROC = 64  # processes of the sandbox user inside its namespace (a fork storm 
 _NOFILE = 256
 _SCRATCH_MB = 64
 _SETUP_GRACE_S = 10.0  # on top of timeout_s, for the setup; the init enforces timeout_s itself
+_HELPER_MB = 64  # the helper's and the init's interpreters, on top of memory + scratch
 _HOME = "/sandbox"
 _ENV = {
     "PATH": "/usr/bin:/bin",
@@ -117,11 +121,13 @@ class SandboxResult:
     timed_out: bool
     truncated: bool
     mode: SandboxMode = "isolated"
+    ran_to_end: bool = True  # run_python_tests: the harness's sentinel came after the tests
 
     @property
     def passed(self) -> bool:
-        """The verifier's criterion: exited 0 within the time limit."""
-        return self.returncode == 0 and not self.timed_out
+        """The verifier's criterion: exited 0 within the time limit, and (for
+        :func:`run_python_tests`) the tests ran to their end."""
+        return self.returncode == 0 and not self.timed_out and self.ran_to_end
 
 
 def _read(handle: IO[bytes], max_output: int) -> tuple[str, bool]:
@@ -199,17 +205,44 @@ def run_python(
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# The harness around a code check (issue #38). Exit status 0 alone can be gamed: a program
+# that calls os._exit(0) or sys.exit(0) before the tests, registers an atexit hook that exits
+# 0 after a failed assertion, or kills its own interpreter never fails a test. So the last
+# line the harness runs, after check(), writes a nonce that only the parent knows, and the
+# verdict needs it. The nonce comes in on stdin and fd 0 is closed before the program runs
+# (it cannot reread it; it is not in main.py); the write goes through os.write bound before
+# the program runs (a patched print or sys.stdout changes nothing). Not covered: a program
+# that searches the harness's own memory for the nonce; the sandbox still contains it.
+_HARNESS_HEAD = """\
+def {done}():
+    import os as _os, sys as _sys
+    nonce, write = _sys.stdin.readline().strip().encode(), _os.write
+    _sys.stdin.close()
+    _os.close(0)
+    return lambda: write(1, b"\\n" + nonce + b"\\n")
+{done} = {done}()
+"""
+
+
 def run_python_tests(
     program: str, tests: str, entry_point: str, timeout_s: float = 10
 ) -> SandboxResult:
     """HumanEval-style check: ``program``, then ``tests``, then ``check(entry_point)``.
 
-    Always isolated. The result's ``passed`` is the verdict (exit 0, in time).
+    Always isolated. The result's ``passed`` is the verdict: exit 0, in time, and the
+    harness's sentinel written after ``check`` returned (``ran_to_end``); the sentinel is
+    removed from ``stdout``.
     """
     if not _IDENTIFIER.match(entry_point):
         raise ToolError(f"python: entry point must be an identifier, got {entry_point!r}")
-    code = f"{program}\n{tests}\ncheck({entry_point})\n"
-    return run_sandboxed(code, mode="isolated", timeout_s=timeout_s)
+    nonce, done = secrets.token_hex(16), f"_conductor_done_{secrets.token_hex(4)}"
+    head = _HARNESS_HEAD.format(done=done)
+    code = f"{head}{program}\n{tests}\ncheck({entry_point})\n{done}()\n"
+    result = run_sandboxed(code, mode="isolated", timeout_s=timeout_s, stdin=nonce + "\n")
+    body, _, last = result.stdout.rstrip("\n").rpartition("\n")
+    ran_to_end = last == nonce
+    stdout = body if ran_to_end else result.stdout.replace(nonce, "")
+    return dataclasses.replace(result, stdout=stdout, ran_to_end=ran_to_end)
 
 
 # --- mode "process": rlimits only (issue #3) ---------------------------------------------------
@@ -314,7 +347,9 @@ def _run_isolated(
     code: str, files: tuple, timeout_s: float, limits: dict[str, int]
 ) -> tuple[int, bool]:
     helper = _helper()
+    cap = (limits["memory_mb"] + limits["scratch_mb"] + _HELPER_MB) * 1024 * 1024
     with (
+        memory_cgroup(cap) as group,
         tempfile.TemporaryDirectory(prefix="conductor-sandbox-") as newroot,
         tempfile.TemporaryFile() as source,
         tempfile.TemporaryFile() as status,
@@ -334,6 +369,8 @@ def _run_isolated(
             "code_fd": source.fileno(),
             "status_fd": status.fileno(),
             "parent": os.getpid(),
+            "cgroup_procs": group.procs if group else None,
+            "deny_shm": group is None,  # no cgroup to charge memfd/shm pages: refuse them
             **limits,
         }
         try:
@@ -358,10 +395,12 @@ def _run_isolated(
             helper_rc = _kill_group(proc)  # its death kills the namespace (parent-death signal)
         status.seek(0)
         lines = status.read().decode("utf-8", errors="replace").splitlines()
-    return _outcome(lines, helper_rc, done, helper)
+        return _outcome(lines, helper_rc, done, helper, group)
 
 
-def _outcome(lines: list[str], helper_rc: int, done: bool, helper: str) -> tuple[int, bool]:
+def _outcome(
+    lines: list[str], helper_rc: int, done: bool, helper: str, group: MemoryCgroup | None
+) -> tuple[int, bool]:
     """Read the init's status file: ``error: …``, ``exit N``, ``signal N`` or ``timeout``."""
     for line in lines:
         if line.startswith("error: "):
@@ -371,6 +410,8 @@ def _outcome(lines: list[str], helper_rc: int, done: bool, helper: str) -> tuple
         return -signal.SIGKILL, True
     if len(last) == 2 and last[0] in ("exit", "signal") and last[1].lstrip("-").isdigit():
         return (int(last[1]) if last[0] == "exit" else -int(last[1])), False
+    if group is not None and group.oom_kills():  # the memory bound killed the reporter too
+        return -signal.SIGKILL, False
     # The helper died before reporting: not an interpreter, or killed by something else.
     raise SandboxUnavailable(
         f"sandbox: the namespace helper {helper} ended (exit {helper_rc}) without reporting; "
