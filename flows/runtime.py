@@ -25,8 +25,14 @@ Also (issue #17), for the temporary server and every command:
   before they are imported, so a user's own setting wins;
 - **a slow host is not a failure**: the server may take minutes to start on a loaded
   machine (its first start migrates its database). It gets ``STARTUP_TIMEOUT_S`` unless
-  Prefect's own ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` says otherwise, and
-  after ``SLOW_START_NOTICE_S`` the terminal is told once that it is still starting;
+  Prefect's own ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` says otherwise. The
+  terminal is told once that it is still starting only when the wait is worth a word: after
+  ``NEW_DATABASE_NOTICE_S`` when the database is new (the first start migrates it), after
+  ``SLOW_START_NOTICE_S`` otherwise (issue #39: the notice came on every command);
+- **one home** (issue #39): the temporary server's database is
+  ``$CONDUCTOR_HOME/prefect/prefect.db``, not ``~/.prefect/prefect.db``, unless Prefect is
+  configured with a database of its own (``PREFECT_SERVER_DATABASE_CONNECTION_URL``, from
+  the environment or a profile);
 - **no orphans**: the server subprocess gets a parent-death signal (``PR_SET_PDEATHSIG``),
   so it ends when the command ends, however it ends (SIGKILL included), instead of living
   on with PPID 1 and holding its port and memory.
@@ -65,7 +71,9 @@ __all__ = [
 
 _SERVER_LOG_MAX_BYTES = 8 * 1024 * 1024  # started afresh past this
 STARTUP_TIMEOUT_S = 300  # Prefect's default is 20 s; a loaded 2-core machine needed more
-SLOW_START_NOTICE_S = 5.0
+SLOW_START_NOTICE_S = 30.0  # an existing database: only a loaded machine waits this long
+NEW_DATABASE_NOTICE_S = 5.0  # a new database: its migrations take most of a minute here
+_DATABASE_SETTING = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 _STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 
 
@@ -108,6 +116,7 @@ def start_temporary_server() -> None:
     if server.running:
         return
     offline_defaults()  # read by the server subprocess when it starts
+    new_database = _database_default()
     timeout = _startup_timeout()
     path = server_log_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +130,11 @@ def start_temporary_server() -> None:
             log.flush()
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
-            notice = threading.Timer(SLOW_START_NOTICE_S, _say_still_starting, (saved[1], timeout))
+            notice = threading.Timer(
+                NEW_DATABASE_NOTICE_S if new_database else SLOW_START_NOTICE_S,
+                _say_still_starting,
+                (saved[1], timeout, new_database),
+            )
             notice.daemon = True
             notice.start()
             try:
@@ -151,11 +164,31 @@ def _startup_timeout() -> int:
     return STARTUP_TIMEOUT_S
 
 
-def _say_still_starting(fd: int, timeout: int) -> None:
+def server_database_path() -> Path:
+    from conductor.home import conductor_home
+
+    return conductor_home() / "prefect" / "prefect.db"
+
+
+def _database_default() -> bool:
+    """Point the temporary server at ``server_database_path()`` unless Prefect is configured
+    with a database; True when that database does not exist yet (its first start)."""
+    from prefect.settings import get_current_settings
+
+    database = get_current_settings().server.database
+    if _DATABASE_SETTING in os.environ or "connection_url" in database.model_fields_set:
+        return False
+    path = server_database_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.environ[_DATABASE_SETTING] = f"sqlite+aiosqlite:///{path}"  # read by the subprocess
+    return not path.exists()
+
+
+def _say_still_starting(fd: int, timeout: int, new_database: bool) -> None:
+    why = "its first start sets up its database" if new_database else "a loaded machine"
     message = (
-        f"conductor: Prefect's temporary server is still starting (the first start sets up "
-        f"its database; waiting up to {timeout} s). A running server (PREFECT_API_URL) "
-        "starts nothing.\n"
+        f"conductor: Prefect's temporary server is still starting ({why}; waiting up to "
+        f"{timeout} s). A running server (PREFECT_API_URL) starts nothing.\n"
     )
     try:
         os.write(fd, message.encode())
