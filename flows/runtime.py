@@ -138,7 +138,7 @@ def start_temporary_server() -> None:
             notice.daemon = True
             notice.start()
             try:
-                with _dies_with_this_process():
+                with _dies_with_this_process(server):
                     server.start(timeout=timeout)
             finally:
                 notice.cancel()
@@ -209,31 +209,51 @@ def _parent_death_signal(parent: int) -> Any:
     return preexec
 
 
-@contextmanager
-def _dies_with_this_process() -> Iterator[None]:
-    """Subprocesses spawned in this block get a parent-death signal.
+def uvicorn_command(server: Any) -> tuple[list[str], dict[str, str]]:
+    """The command and environment Prefect 3.9's ``SubprocessASGIServer._run_uvicorn_command``
+    runs (``tests/integration/test_cli.py`` checks them against Prefect's own)."""
+    import prefect
+    from prefect.settings import get_current_settings
 
-    Prefect spawns its server with ``subprocess.Popen`` and offers no hook, so ``Popen`` is
-    wrapped for the duration of ``server.start()`` only. The signal follows the *thread*
-    that spawned the child, so it is set only from the main thread, which lives as long as
-    the command; on other platforms and threads nothing changes."""
+    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)]
+    argv += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"]
+    argv += ["--port", str(server.port), "--log-level", "error", "--lifespan", "on"]
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+    }
+    return argv, env
+
+
+@contextmanager
+def _dies_with_this_process(server: Any) -> Iterator[None]:
+    """The server subprocess started in this block gets a parent-death signal.
+
+    Prefect spawns its server in ``_run_uvicorn_command`` and offers no hook, so *this
+    server object's* method is replaced for the block (nothing global changes: no
+    ``subprocess.Popen`` patch, other servers and threads are untouched) by one that starts
+    the same command with the signal. The signal follows the *thread* that spawned the child,
+    so it is set only from the main thread, which lives as long as the command; on other
+    platforms and threads Prefect's own method runs."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not (
         threading.main_thread()
     ):
         yield
         return
-    original = subprocess.Popen
     preexec = _parent_death_signal(os.getpid())
 
-    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
-        kwargs.setdefault("preexec_fn", preexec)
-        return original(*args, **kwargs)
+    def run_uvicorn_command() -> subprocess.Popen[Any]:
+        argv, env = uvicorn_command(server)
+        return subprocess.Popen(argv, env=env, preexec_fn=preexec)  # noqa: S603
 
-    subprocess.Popen = popen  # type: ignore[assignment,misc]
+    server._run_uvicorn_command = run_uvicorn_command
     try:
         yield
     finally:
-        subprocess.Popen = original  # type: ignore[misc]
+        del server._run_uvicorn_command  # back to the class's method
 
 
 @contextmanager
