@@ -24,7 +24,12 @@ One entry point, :func:`run_sandboxed`; ``run_python`` and ``run_python_tests`` 
   ``/var/tmp``, ``/dev/shm``. Nothing else of the host exists: not ``/home``,
   ``/root``, the working tree, ``$CONDUCTOR_HOME``, ``/run`` or ``/sys``;
 - rlimits: address space, CPU seconds, file size, processes, open files, no core files;
-- an environment built from scratch (``PATH``, ``HOME``, ``LANG`` and two ``PYTHON*``).
+- an environment built from scratch (``PATH``, ``HOME``, ``LANG`` and two ``PYTHON*``);
+- keyrings (issue #38): a fresh, empty session keyring, so the caller's keys are out of reach;
+- seccomp (issue #38), installed last: no nested namespaces, no mounts, no keyring calls, no
+  bpf/userfaultfd/perf/io_uring; without a memory cgroup also no memfd or SysV shm;
+- host memory (issue #38): a memory cgroup per run (``_sandbox_cgroup``) where the engine
+  can create one, charging memfd and tmpfs pages that ``RLIMIT_AS`` does not count.
 
 Why ``unshare(2)`` through ``ctypes`` rather than util-linux's ``unshare`` or bubblewrap: it
 needs no system package (bubblewrap is not installed by default), it lets a root host map the
