@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root (tests/ is one below it)
 
 
 def run_cli(tmp_path: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:

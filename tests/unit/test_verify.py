@@ -331,14 +331,20 @@ def test_sandbox_adapter_maps_results(monkeypatch):
 
     def run_python_tests(program, tests, entry_point, timeout_s):
         seen["timeout_s"] = timeout_s
-        rc, timed_out = {"ok": (0, False), "fail": (1, False), "slow": (-9, True)}[program]
-        return types.SimpleNamespace(returncode=rc, timed_out=timed_out, stdout="", stderr="E!")
+        rc, timed_out, end = {"ok": (0, False, True), "fail": (1, False, False),
+                              "slow": (-9, True, False), "exit": (0, False, False)}[program]  # fmt: skip
+        return types.SimpleNamespace(returncode=rc, timed_out=timed_out, stdout="", stderr="E!",
+                                     ran_to_end=end)  # fmt: skip
 
     fake = types.SimpleNamespace(run_python_tests=run_python_tests)
     monkeypatch.setitem(sys.modules, "conductor.providers.tools.sandbox", fake)
     assert sandbox_run_tests("ok", "t", "f") == (True, "all tests passed")
     assert sandbox_run_tests("fail", "t", "f") == (False, "tests failed (exit 1): E!")
     assert sandbox_run_tests("slow", "t", "f") == (False, "timed out after 10 s")
+    assert sandbox_run_tests("exit", "t", "f") == (  # exit 0 before the tests ended (#38)
+        False,
+        "the tests did not run to their end (the program exited before)",
+    )
     assert seen["timeout_s"] == 10
 
 
