@@ -5,12 +5,14 @@ The Conductor (arXiv 2512.04388) writes free reasoning text, then three Python l
 [...]`` (one instruction per step) and ``access_list = [...]`` (per step, earlier step indices,
 ``"all"`` or ``[]``). We also accept a JSON object ``{"steps": [{"worker": ..., "instruction":
 ..., "access": ...}]}``. Either form may sit inside fenced code blocks; if the model repeats
-itself, the last complete plan in the text wins.
+itself, the last complete plan in the text wins, and the three lists written one after the
+other in the paper's order are one plan, whatever stray assignment its reasoning made before.
 
-The text is model output and so hostile input. Literals are located by a bracket scanner
-whose total work is budgeted (no regex that can backtrack badly), nesting and size are capped
-before parsing, and values are read only with ``ast.literal_eval`` or ``json.loads``. Every
-failure is one ``PlanError`` line, naming the step where there is one.
+The text is model output and so hostile input. Its size is capped first; literals are then
+located by a bracket scanner whose total work is budgeted (no regex that can backtrack badly),
+nesting and size are measured by the same scanner and capped before parsing (issue 38: work
+linear in the text), and values are read only with ``ast.literal_eval`` or ``json.loads``.
+Every failure is one ``PlanError`` line, naming the step where there is one.
 
 Departure from the paper: a worker may also be named by its pool name or by "Model N".
 """
@@ -58,8 +60,10 @@ _STRING = {q: re.compile(rf"{q}[^{q}\\\n]*(?:\\.[^{q}\\\n]*)*{q}", re.DOTALL) fo
     q * 3: re.compile(rf"{q * 3}[^{q}\\]*(?:(?:\\.|{q}(?!{q * 2}))[^{q}\\]*)*{q * 3}", re.DOTALL)
     for q in "'\""
 }
-# Triple quotes first, so that three quotes are not read as an empty string and a quote.
-_ANY_STRING = re.compile("|".join(_STRING[q].pattern for q in ('"""', "'''", '"', "'")))
+# How far a single-quoted string that never closes was searched: a backslash carries it over
+# a newline, so "to the end of the line" would undercharge the failed match.
+_OPEN_STRING = {q: re.compile(rf"{q}[^{q}\\\n]*(?:\\.[^{q}\\\n]*)*", re.DOTALL) for q in "'\""}
+_STRING_OR_COMMENT = re.compile(r"['\"#]")
 _MODEL_N = re.compile(r"model\s*(\d{1,6})", re.IGNORECASE)
 _AST_NODE = re.compile(r"<ast\.(\w+) object at 0x[0-9a-fA-F]+>")
 
@@ -86,7 +90,8 @@ class _Scanner:
     """Finds the bracket closing the one at a position, skipping strings and comments.
 
     A scan that meets a bracket outside strings would, scanning from that bracket, follow the
-    same path; so every bracket's end (or failure) is memoised and later scans jump over it.
+    same path; so every bracket's end (or failure) is memoised and later scans jump over it,
+    and every string's end (or failure) too.
     All work, C-level searching included, is charged to one budget per text, which bounds
     crafted input that would otherwise rescan the text once per candidate.
     """
@@ -96,6 +101,7 @@ class _Scanner:
         self.budget = _SCAN_BUDGET
         self.ends: dict[int, int] = {}
         self.failures: dict[int, str] = {}
+        self.strings: dict[int, int | str] = {}  # a quote -> the end of its string, or why not
         self.newlines: list[int] | None = None
 
     def _line(self, pos: int) -> int:
@@ -104,22 +110,51 @@ class _Scanner:
             self.newlines = [m.start() for m in re.finditer("\n", self.text)]
         return bisect.bisect_left(self.newlines, pos) + 1
 
-    def _charge(self, chars: int) -> None:
+    def _charge(self, chars: int, tokens: int = 1) -> None:
         """One step per token, plus one per 16 characters searched."""
-        self.budget -= 1 + chars // 16
+        self.budget -= tokens + chars // 16
         if self.budget < 0:
             raise PlanError("plan text is too tangled to scan: write the plan once, at the end")
 
     def _skip_string(self, i: int) -> int:
-        """Index just past the string literal opening at ``i``."""
+        """Index just past the string literal opening at ``i``; raises ``_Unclosed``."""
+        known = self.strings.get(i)
+        if isinstance(known, str):
+            raise _Unclosed(known)
+        if known is not None:
+            return known
         text = self.text
         quote = text[i] * (3 if text.startswith(text[i] * 3, i) else 1)
         m = _STRING[quote].match(text, i)
-        if m is None:  # the match searched to the end of the line, or of the text
-            self._charge((len(text) if len(quote) == 3 else _line_end(text, i)) - i)
-            raise _Unclosed(f"the string at line {self._line(i)} is never closed")
+        if m is None:  # the match searched to the end of the text, or of the (logical) line
+            stop = len(text) if len(quote) == 3 else _OPEN_STRING[quote].match(text, i).end()
+            self._charge(stop - i)
+            self.strings[i] = f"the string at line {self._line(i)} is never closed"
+            raise _Unclosed(self.strings[i])
         self._charge(m.end() - i)
+        self.strings[i] = m.end()
         return m.end()
+
+    def measure(self, start: int, end: int) -> tuple[int, int]:
+        """Characters outside string literals (comments included), and string literals, in
+        ``text[start:end]``, a literal that ``end_of`` has closed.
+
+        One pass in the scanner's own tokens; its strings were paid for when the literal was
+        closed and are looked up, not searched again. (A regex for "any string" does not know
+        comments: in ``# '\\'\\'...`` it retries at every quote, quadratic; issue 38.)
+        """
+        text, i, code, strings = self.text, start, 0, 0
+        while (m := _STRING_OR_COMMENT.search(text, i, end)) is not None:
+            j = _line_end(text, m.start()) if m.group() == "#" else m.start()
+            self._charge(j - i, tokens=0)
+            code += j - i
+            if m.group() == "#":
+                i = j
+            else:
+                strings += 1
+                i = self._skip_string(j)
+        self._charge(end - i, tokens=0)
+        return code + end - i, strings
 
     def end_of(self, start: int) -> int:
         """Index just past the bracket closing ``text[start]``; raises ``_Unclosed``."""
@@ -170,15 +205,16 @@ def _line_end(text: str, i: int) -> int:
     return len(text) if nl < 0 else nl
 
 
-def _literal(what: str, src: str) -> Any:
-    code, strings = _ANY_STRING.subn("", src)
-    if len(code) > _MAX_CODE_CHARS or strings > _MAX_STRINGS:
+def _literal(what: str, scan: _Scanner, start: int, end: int) -> Any:
+    """The value of the literal ``text[start:end]`` that ``scan`` has closed."""
+    code, strings = scan.measure(start, end)
+    if code > _MAX_CODE_CHARS or strings > _MAX_STRINGS:
         raise PlanError(
-            f"{what} is too big for a plan: {strings} strings and {len(code)} characters "
+            f"{what} is too big for a plan: {strings} strings and {code} characters "
             f"outside them; at most {_MAX_STRINGS} and {_MAX_CODE_CHARS}"
         )
     try:
-        return ast.literal_eval(src)
+        return ast.literal_eval(scan.text[start:end])
     # Besides ValueError and SyntaxError, long operator chains ("----1") overflow the parser
     # (MemoryError) or the AST builder (RecursionError); they are bad input, not a crash.
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
@@ -220,6 +256,10 @@ def extract_plan(text: str) -> RawPlan:
     failures: list[tuple[int, str]] = []
     triple: dict[str, tuple[int, int]] = {}  # name -> (start, end) of its list literal
     best_lists: tuple[int, dict[str, tuple[int, int]]] | None = None
+    # The last three literals read. Three in the paper's order, one after the other, are a
+    # plan even when a stray draft ("access_list = [[]] for one step") came before them and
+    # completed ``triple`` with the model_id and subtasks of the real plan.
+    recent: list[tuple[str, int, int]] = []
     pos = 0
     while (m := _ASSIGN.search(text, pos)) is not None:
         name, start = m.group(1), m.end()
@@ -239,6 +279,9 @@ def extract_plan(text: str) -> RawPlan:
         if len(triple) == len(_NAMES):
             best_lists = (max(e for _, e in triple.values()), triple)
             triple = {}
+        recent = [*recent[-2:], (name, start, end)]
+        if tuple(n for n, _, _ in recent) == _NAMES:
+            best_lists, triple = (end, {n: (s, e) for n, s, e in recent}), {}
     best_json: tuple[int, int] | None = None
     pos = 0
     while (m := _JSON_START.search(text, pos)) is not None:
@@ -257,7 +300,7 @@ def extract_plan(text: str) -> RawPlan:
             "no plan found: expected model_id = [...], subtasks = [...], access_list = [...] "
             'or a JSON {"steps": [...]}'
         )
-    values = {n: _literal(n, text[s:e]) for n, (s, e) in best_lists[1].items()}
+    values = {n: _literal(n, scan, s, e) for n, (s, e) in best_lists[1].items()}
     return RawPlan(*(tuple(values[n]) for n in _NAMES))
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic_core import PydanticCustomError
 
 from conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+from conductor.question import QuestionError, check_question
 
 __all__ = ["EvalRequest", "EvalResult", "OrchestrateRequest", "RunResult", "StrategyText"]
 
@@ -94,6 +96,18 @@ class OrchestrateRequest(BaseModel):
         description="Text added to the conductor's instructions for this run only (the "
         "worked examples of hinted self-sampling); default: the pool's hint.",
     )
+
+    @field_validator("question", mode="before")
+    @classmethod
+    def _askable(cls, value: Any) -> Any:
+        # Before min_length, so that "" is refused in our words as "   " is (issue 38);
+        # min_length stays for the schema, i.e. the deployment form.
+        if isinstance(value, str):
+            try:
+                check_question(value)
+            except QuestionError as exc:
+                raise PydanticCustomError("question", str(exc)) from None
+        return value
 
 
 class RunResult(BaseModel):

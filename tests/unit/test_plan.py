@@ -104,6 +104,18 @@ VALID = [
         PAPER_WANT,
     ),
     (
+        # Found by tests/unit/test_fuzz.py: the stray list completed a plan with the real
+        # model_id and subtasks, and the real access_list was left over.
+        "stray-access_list-in-reasoning",
+        "One step would have access_list = [[]], but a check helps.\n" + PAPER,
+        PAPER_WANT,
+    ),
+    (
+        "stray-access_list-then-plan-then-truncated-repeat",
+        "access_list = [[]] is too little.\n" + PAPER + "\nmodel_id = [1, 1]\nsubtasks = ['x'",
+        PAPER_WANT,
+    ),
+    (
         "any-order",
         "access_list = [[], [0]]\nsubtasks = ['Solve the equation.', 'Check the solution.']\n"
         "model_id = [0, 1]",
