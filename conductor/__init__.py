@@ -2,8 +2,8 @@
 
 The tree says where a change goes; each subpackage's docstring says what it may import.
 
-- ``errors``, ``home``, ``pool``: the error root, where state lives, the pool file
-  (third-party imports only);
+- ``errors``, ``home``, ``pool``, ``question``: the error root, where state lives, the pool
+  file, what makes a question askable (third-party imports only);
 - ``adapters``: trained conductors, i.e. LoRA adapter directories, the shipped adapter and
   the references that name them (imports the three above);
 - ``providers``: every model call (litellm glue, the local model, batching, prefix reuse)

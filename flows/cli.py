@@ -14,6 +14,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from conductor.errors import ConductorError, PlanError
+from conductor.question import check_question
+from conductor.terminal import TerminalFormatter, for_terminal
 from flows.cli_common import (
     ConductorOpt,
     FanOutOpt,
@@ -58,7 +60,8 @@ def _print_plan(workflow: Any, pool: Any, stream: Any = None) -> None:
     out = stream or sys.stdout
     for s in workflow.steps:
         reads = ", ".join(map(str, s.access)) or "-"
-        print(f"  step {s.index} · {s.worker:<12} reads [{reads}]  {s.instruction}", file=out)
+        line = f"  step {s.index} · {s.worker:<12} reads [{reads}]  {s.instruction}"
+        print(for_terminal(line), file=out)
 
 
 @app.command(cls=ConductorCommand)
@@ -93,7 +96,8 @@ def run(
     from conductor.plan.requests import OrchestrateRequest
     from conductor.plan.strategies import parse_strategy
 
-    # Fail fast on a bad pool or adapter, before Prefect starts.
+    # Fail fast on a blank question, a bad pool or adapter, before Prefect starts.
+    check_question(question)
     p = load_pool_option(pool, conductor)
     strategy = "conductor"
     if best_of is not None:
@@ -145,7 +149,7 @@ def run(
                 file=sys.stderr,
             )
         if result.status == "completed":
-            print(f"answer: {result.answer}")
+            print(f"answer: {for_terminal(str(result.answer), multiline=True)}")
         print(
             f"tokens: {result.input_tokens} in / {result.output_tokens} out · "
             f"cost: {'n/a' if result.cost_usd is None else f'${result.cost_usd:.6f}'} · "
@@ -162,7 +166,7 @@ def _show_progress() -> None:
     progress = logging.getLogger("conductor.progress")
     if not any(getattr(h, "_conductor_progress", False) for h in progress.handlers):
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(TerminalFormatter("%(message)s"))  # model and tool text
         handler._conductor_progress = True  # type: ignore[attr-defined]
         progress.addHandler(handler)
     progress.setLevel(logging.INFO)
@@ -178,7 +182,7 @@ def _print_served_progress(result: Any) -> None:
     outputs = result.step_outputs or []
     pairs = zip(steps, outputs, strict=False)  # a plan cut short has fewer outputs
     lines += [step_line(s, status, text) for s, (status, text) in pairs]
-    print("\n".join(lines), file=sys.stderr)
+    print(for_terminal("\n".join(lines), multiline=True), file=sys.stderr)
 
 
 def _run_request(request: Any, best_of: bool, in_process: bool) -> tuple[Any, Any]:
@@ -278,7 +282,8 @@ def eval_(
 
     p = load_pool_option(pool, conductor)
     check_rm(parse_strategy(strategy, p), rm)
-    load_dataset(dataset, split=split, limit=limit, seed=seed)  # bad dataset: fail before Prefect
+    # A bad dataset fails before Prefect starts; a bad question fails alone, in the eval.
+    load_dataset(dataset, split=split, limit=limit, seed=seed, bad_questions="keep")
     check_fan_out(fan_out)
     request = build_request(
         EvalRequest,
@@ -325,7 +330,8 @@ def eval_(
         f"{result.wall_s:.1f}",
     )
     for cells in (header, row):
-        print(f"{cells[0]:<28}" + "".join(f"{c!s:>12}" for c in cells[1:]))
+        shown = [for_terminal(str(c)) for c in cells]
+        print(f"{shown[0]:<28}" + "".join(f"{c:>12}" for c in shown[1:]))
     if result.selection:
         print(
             "same candidates: "
@@ -357,12 +363,13 @@ def plan(
     from conductor.plan.parse import parse_plan
     from conductor.plan.policy import LiteLLMPolicy
 
+    check_question(question)  # before the conductor is asked
     p = load_pool_option(pool, conductor)
     completion = LiteLLMPolicy(max_steps).write_plan(question, p)
     try:
         workflow = parse_plan(completion.text, p, max_steps=max_steps)
     except PlanError as exc:
-        typer.echo(f"conductor output:\n{completion.text}", err=True)
+        typer.echo(f"conductor output:\n{for_terminal(completion.text, multiline=True)}", err=True)
         fail(f"invalid plan: {exc}")
     if as_json:
         print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
@@ -477,7 +484,7 @@ def main() -> None:
     ours = logging.getLogger("conductor")
     if not ours.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("conductor: %(message)s"))
+        handler.setFormatter(TerminalFormatter("conductor: %(message)s"))
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)
         ours.propagate = False  # Prefect's root console handler would print it twice
@@ -489,7 +496,7 @@ def main() -> None:
     try:
         app(standalone_mode=True)
     except ConductorError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {for_terminal(str(exc), multiline=True)}", err=True)
         sys.exit(2 if not isinstance(exc, _runtime_errors()) else 1)
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from conductor.terminal import for_terminal
 from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit, verbose_output
 
 __all__ = [
@@ -105,7 +106,8 @@ def check_fan_out(fan_out: bool) -> None:
 
 
 def fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
+    # A run's reason may quote a worker's or a tool's output (issue #38).
+    typer.echo(f"error: {for_terminal(message, multiline=True)}", err=True)
     raise typer.Exit(code)
 
 

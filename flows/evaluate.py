@@ -13,6 +13,10 @@ In the Prefect UI an eval is the run ``eval · <dataset> · <strategy>``: its ``
 artifact moves as runs finish (a tqdm bar too, only when stderr is a terminal), its
 ``eval-runs`` table has one row per run, its ``eval-summary`` table holds the metrics, and its
 result (persisted) is the ``EvalResult``.
+
+A question that cannot be asked (longer than a request allows, blank, a row without a text
+question) fails alone (issue #38): it is stored as a failed run whose ``reason`` says why,
+counts as wrong, and the other questions run.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import ValidationError
 
-from conductor.data.datasets import Example, load_dataset
+from conductor.data.datasets import DatasetError, Example, load_dataset
+from conductor.data.records import RunRecord
+from conductor.errors import ConductorError
 from conductor.home import artifacts_location
 from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
 from conductor.plan.strategies import parse_strategy
@@ -50,12 +58,21 @@ MAX_CONCURRENCY = 64
 POLL_S = 1.0
 
 
-def _request(
-    ex: Example, req: EvalRequest, eval_id: str, strategy: str, sample: int = 0
-) -> OrchestrateRequest:
+def _tags(req: EvalRequest, eval_id: str, sample: int) -> dict[str, str]:
     tags = {"eval_id": eval_id, "dataset": req.dataset, "split": req.split}
     if req.samples > 1:
         tags["sample"] = str(sample)
+    return tags
+
+
+def _request(
+    ex: Example, req: EvalRequest, eval_id: str, strategy: str, sample: int = 0
+) -> OrchestrateRequest:
+    """The question's request; raises ``ValidationError`` or a ``ConductorError`` for a
+    question that cannot be asked."""
+    if ex.invalid:
+        raise DatasetError(ex.invalid)
+    tags = _tags(req, eval_id, sample)
     return OrchestrateRequest(
         question=ex.question,
         pool=req.pool,
@@ -73,6 +90,63 @@ def _request(
             SAMPLED_CONDUCTOR_TEMPERATURE if req.samples > 1 and strategy == "conductor" else None
         ),
     )
+
+
+def _not_asked_reason(ex: Example, exc: Exception) -> str:
+    """One line: why ``ex`` was not asked, e.g. ``question 'q3' not asked: question: String
+    should have at most 20000 characters (it has 25,000)``."""
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        text = f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}"
+        if err["type"] == "string_too_long" and tuple(err["loc"]) == ("question",):
+            text += f" (it has {len(ex.question):,})"
+    else:
+        lines = str(exc).strip().splitlines()
+        text = lines[0] if lines else type(exc).__name__
+    return f"question {ex.id!r} not asked: {text}"
+
+
+def _not_asked(
+    ex: Example,
+    req: EvalRequest,
+    eval_id: str,
+    strategy: str,
+    sample: int,
+    reason: str,
+) -> RunOutcome:
+    """A question that could not be asked, as a failed run: no plan, no steps, wrong."""
+    run = RunRecord(
+        run_id=str(uuid.uuid4()),
+        question_id=ex.id,
+        question=ex.question,  # as the dataset has it, however long
+        reference=ex.reference,
+        conductor_model=f"({strategy})",  # nobody planned
+        format_valid=False,
+        correct=False,
+        reward=0.0,
+        status="failed",
+        cost_usd=0.0,
+        wall_s=0.0,
+        tags={**_tags(req, eval_id, sample), "strategy": strategy},
+        reason=reason,
+    )
+    result = RunResult(
+        run_id=run.run_id,
+        status="failed",
+        answer=None,
+        workflow=[],
+        input_tokens=0,
+        output_tokens=0,
+        cost_usd=0.0,
+        wall_s=0.0,
+        artifacts=req.artifacts or artifacts_location(),
+        format_valid=False,
+        reason=reason,
+        question_id=ex.id,
+        correct=False,
+        reward=0.0,
+    )
+    return RunOutcome(result, run, [])
 
 
 _SELECTION = ("majority_correct", "random_correct", "oracle_correct", "plan_pick_correct")
@@ -153,7 +227,11 @@ def evaluate(request: EvalRequest) -> EvalResult:
     pool = load_pool(request.pool)
     strategy = str(parse_strategy(request.strategy, pool))
     examples = load_dataset(
-        request.dataset, split=request.split, limit=request.limit, seed=request.seed
+        request.dataset,
+        split=request.split,
+        limit=request.limit,
+        seed=request.seed,
+        bad_questions="keep",  # such a question fails alone, below
     )
     eval_id = str(flow_run.id or time.time_ns())
 
@@ -175,17 +253,27 @@ def evaluate(request: EvalRequest) -> EvalResult:
         progress.advance(len(done))
         batch.flush_if_due()
 
-    futures = []
+    futures: list[PrefectFuture | RunOutcome] = []  # a RunOutcome: a question not asked
     submit = eval_question.submit
     if request.fan_out:  # fan-out hook (issue #19): the questions run on the fleet
         from flows.fanout import Fleet
 
         submit = Fleet(request.concurrency).submit
     for ex, k in jobs:
+        try:
+            question = _request(ex, request, eval_id, strategy, k)
+        except (ValidationError, ConductorError) as exc:
+            reason = _not_asked_reason(ex, exc)
+            get_run_logger().warning(reason)
+            outcome = _not_asked(ex, request, eval_id, strategy, k, reason)
+            batch.add(outcome.run, outcome.steps)
+            progress.advance(1)
+            futures.append(outcome)
+            continue
         while not gate.acquire(timeout=POLL_S):
             settle()
         settle()
-        future = submit(_request(ex, request, eval_id, strategy, k))
+        future = submit(question)
         future.add_done_callback(lambda f: (finished.put(f), gate.release()))
         futures.append(future)
     while progress.done < len(jobs):
@@ -194,7 +282,9 @@ def evaluate(request: EvalRequest) -> EvalResult:
     progress.close()
     results: list[RunResult | None] = []
     for future in futures:
-        outcome = future.result(raise_on_failure=False)
+        outcome = (
+            future if isinstance(future, RunOutcome) else future.result(raise_on_failure=False)
+        )
         if isinstance(outcome, RunOutcome):
             outcome = outcome.result
         results.append(outcome if isinstance(outcome, RunResult) else None)
@@ -216,6 +306,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
                 "output_tokens": r.output_tokens if r else 0,
                 "cost_usd": r.cost_usd if r else None,
                 "run_id": r.run_id if r else None,
+                "reason": r.reason if r else None,
                 **_selection_row(r),
             }
         )

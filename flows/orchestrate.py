@@ -525,6 +525,7 @@ def _run_request(
         cost_usd=usage.cost_usd,
         wall_s=time.perf_counter() - started,
         tags={**request.tags, "strategy": str(strategy)},
+        reason=execution.reason,
     )
     return _Done(run, execution.records, plan, execution, started)
 

@@ -19,6 +19,9 @@ Prefect's shutdown noise, and engine tracebacks of our own errors.
   filter drops records whose exception is a cancellation; after the result is printed,
   ``silence_stderr_at_exit`` points file descriptor 2 at /dev/null for the interpreter's
   shutdown, once nothing of ours can still write there.
+- The same terminal handlers print through ``TerminalFormatter``: a run's log lines quote
+  worker and tool output (``answer: …`` under ``--verbose``), and control characters in it
+  would retitle or recolour the terminal (issue #38). The API's copy of the log is unchanged.
 
 The first two only set defaults in the environment, before the libraries are imported (each
 reads them once, at import or logging setup): a user's own setting wins.
@@ -35,6 +38,7 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 
 from conductor.errors import ConductorError
+from conductor.terminal import TerminalFormatter
 
 __all__ = [
     "OFFLINE_DEFAULTS",
@@ -159,6 +163,9 @@ def quiet_prefect_shutdown() -> Iterator[None]:
     handlers = {h for lg in loggers for h in lg.handlers}
     for h in handlers:
         h.addFilter(flt)
+        # Terminal handlers only: the API's log handler is no StreamHandler.
+        if isinstance(h, logging.StreamHandler) and not isinstance(h.formatter, TerminalFormatter):
+            h.setFormatter(TerminalFormatter(inner=h.formatter or logging.Formatter()))
     try:
         yield
     finally:

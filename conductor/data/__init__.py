@@ -5,6 +5,7 @@
 - ``records``: ``RunRecord`` / ``StepRecord`` rows and the Parquet schemas;
 - ``store``: ``ArtifactStore``, the Parquet dataset (local disk or any pyarrow filesystem).
 
-May import: ``conductor.errors``, ``conductor.home`` and ``conductor.providers.tools``
-(code answers are tested in the sandbox). Never ``plan`` or ``training``.
+May import: ``conductor.errors``, ``conductor.home``, ``conductor.question`` and
+``conductor.providers.tools`` (code answers are tested in the sandbox).
+Never ``plan`` or ``training``.
 """

@@ -19,17 +19,28 @@
 - a ``.jsonl``, ``.parquet`` or ``.csv`` file with columns ``id, question, reference, kind``;
   other columns go to ``meta``. A ``split`` column, if present, selects rows by ``split``.
 
-``limit`` keeps the first N rows of the deterministic order (generation or file order).
+``limit`` keeps the first N rows of the deterministic order (generation or file order). A file
+is read as a stream (JSONL and CSV line by line, Parquet batch by batch) and reading stops at the
+N-th row of the split (issue #38: a million-row file with ``limit=1`` was read whole first), so
+rows after it are never parsed or checked. Files have no shuffle and no seed; only a split that
+no row has needs the whole file, to list the splits it does have. The built-in sets are
+generated whole: ``train`` must know every ``test`` question to skip it.
+
+A row whose question is missing, not text, or blank is an error of the file, unless the caller
+passes ``bad_questions="keep"`` (the eval, issue #38): then that row is an ``Example`` whose
+``invalid`` says why, so it fails alone and the other questions still run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import importlib.util
 import json
 import operator
 import random
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -41,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from conductor.data._knowledge import TOPICS
 from conductor.data._programs import PROGRAMS
 from conductor.errors import ConductorError
+from conductor.question import QuestionError, check_question
 
 __all__ = [
     "ARITHMETIC_SIZES",
@@ -66,6 +78,8 @@ HUMANEVAL_INSTRUCTION = (
 )
 _REQUIRED = ("id", "question", "reference", "kind")
 _KINDS: tuple[str, ...] = get_args(Kind)
+# Rows decoded at a time from a Parquet file: small enough that ``limit=1`` stays cheap.
+_PARQUET_BATCH_ROWS = 1024
 
 
 class DatasetError(ConductorError):
@@ -82,17 +96,32 @@ class Example(BaseModel):
     reference: str
     kind: Kind
     meta: dict[str, Any] = Field(default_factory=dict)
+    invalid: str | None = Field(
+        default=None,
+        exclude=True,  # not a column: a dumped Example loads back as it was
+        description="Why this row cannot be asked (its question is missing, not text, or "
+        "blank); set only by a file loaded with bad_questions='keep'. Its question is ''.",
+    )
 
 
 def load_dataset(
-    name_or_path: str, *, split: str = "test", limit: int | None = None, seed: int = 0
+    name_or_path: str,
+    *,
+    split: str = "test",
+    limit: int | None = None,
+    seed: int = 0,
+    bad_questions: Literal["raise", "keep"] = "raise",
 ) -> list[Example]:
     """Load a built-in dataset by name, or a JSONL/Parquet/CSV file by path.
 
     ``seed`` changes ``arithmetic`` and ``mixed``; the other sources have one fixed order.
+    ``bad_questions="keep"``: a file row with a missing, non-text or blank question becomes an
+    ``Example`` with ``invalid`` set instead of failing the whole file.
     """
     if limit is not None and limit < 0:
         raise DatasetError(f"limit must be >= 0 or None, got {limit}")
+    if bad_questions not in ("raise", "keep"):
+        raise DatasetError(f"bad_questions must be 'raise' or 'keep', got {bad_questions!r}")
     if name_or_path == "arithmetic":
         examples = _arithmetic(split, seed)
     elif name_or_path == "mixed":
@@ -106,7 +135,7 @@ def load_dataset(
                 f"unknown dataset {name_or_path!r}: not a built-in "
                 f"({', '.join(BUILTIN_DATASETS)}) and no such file"
             )
-        examples = _from_file(path, split)
+        examples = _from_file(path, split, limit, keep_bad_questions=bad_questions == "keep")
     return examples if limit is None else examples[:limit]
 
 
@@ -387,79 +416,140 @@ def _humaneval(split: str) -> list[Example]:
 # --- files ------------------------------------------------------------------------------------
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".jsonl":
-            rows = []
-            with path.open(encoding="utf-8") as fh:
-                for n, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DatasetError(f"{path}: line {n} is not valid JSON: {exc}") from exc
-                    if not isinstance(row, dict):
-                        raise DatasetError(f"{path}: line {n} is not a JSON object")
-                    rows.append(row)
-            return rows
-        if suffix == ".csv":
-            with path.open(encoding="utf-8", newline="") as fh:
-                reader = csv.DictReader(fh)
-                if reader.fieldnames is None:
-                    raise DatasetError(f"{path}: empty CSV file (no header row)")
-                return [dict(row) for row in reader]
-        if suffix == ".parquet":
+def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
             try:
-                return pq.read_table(path).to_pylist()
-            except pa.ArrowException as exc:
-                raise DatasetError(f"{path}: cannot read Parquet: {exc}") from exc
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}: line {n} is not valid JSON: {exc}") from exc
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}: line {n} is not a JSON object")
+            yield row
+
+
+def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            raise DatasetError(f"{path}: empty CSV file (no header row)")
+        _check_columns(path, reader.fieldnames)
+        yield from reader
+
+
+def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        with pq.ParquetFile(path) as pf:
+            _check_columns(path, pf.schema_arrow.names)
+            for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+                yield from batch.to_pylist()
+    except pa.ArrowException as exc:
+        raise DatasetError(f"{path}: cannot read Parquet: {exc}") from exc
+
+
+_READERS = {".jsonl": _jsonl_rows, ".csv": _csv_rows, ".parquet": _parquet_rows}
+
+
+def _rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The file's rows in file order, each read and parsed only when asked for."""
+    suffix = path.suffix.lower()
+    if suffix not in _READERS:
+        raise DatasetError(
+            f"{path}: unsupported file type {suffix!r}; use .jsonl, .parquet or .csv"
+        )
+    try:
+        yield from _READERS[suffix](path)
     except (OSError, UnicodeDecodeError) as exc:
         raise DatasetError(f"cannot read {path}: {exc}") from exc
-    raise DatasetError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .parquet or .csv")
 
 
-def _from_file(path: Path, split: str) -> list[Example]:
-    rows = _read_rows(path)
-    if rows and "split" in rows[0]:
-        splits = sorted({str(r.get("split")) for r in rows})
-        rows = [r for r in rows if r.get("split") == split]
-        if not rows:
-            raise DatasetError(f"{path}: no rows with split {split!r}; splits are {splits}")
+def _check_columns(path: Path, columns: list[str]) -> None:
+    """A CSV header or a Parquet schema without a required column: every row lacks it."""
+    for column in _REQUIRED:
+        if column not in columns:
+            raise DatasetError(
+                f"{path}: missing column {column!r} (the columns are {', '.join(columns)})"
+            )
+
+
+def _question_problem(row: dict[str, Any]) -> str | None:
+    """Why ``row["question"]`` cannot be asked, or None."""
+    if "question" not in row:
+        return "has no 'question'"
+    question = row["question"]
+    if question is None or question == "":
+        return "has an empty 'question'"
+    if not isinstance(question, str):
+        return f"has a 'question' of type {type(question).__name__}, not text"
+    try:  # one definition of blank for the CLI, the flows and dataset rows
+        check_question(question)
+    except QuestionError:
+        return "has a blank 'question' (only whitespace or invisible characters)"
+    return None
+
+
+def _example(path: Path, n: int, row: dict[str, Any], keep_bad_questions: bool) -> Example:
+    """Row ``n`` (1-based, within the split) as an ``Example``; raises on a bad row."""
+    for column in _REQUIRED:
+        if column == "question":
+            continue  # below: with keep_bad_questions a bad question fails only its row
+        if column not in row:
+            raise DatasetError(f"{path}: missing column {column!r} (row {n})")
+        if row[column] is None or row[column] == "":
+            raise DatasetError(f"{path}: row {n} has an empty {column!r}")
+    if row["kind"] not in _KINDS:
+        raise DatasetError(
+            f"{path}: row {n} (id {row['id']!r}) has kind {row['kind']!r}; "
+            f"expected one of {', '.join(_KINDS)}"
+        )
+    problem = _question_problem(row)
+    if problem and not keep_bad_questions:
+        raise DatasetError(f"{path}: row {n} {problem}")
+    meta = {k: v for k, v in row.items() if k not in _REQUIRED and k != "meta"}
+    if isinstance(row.get("meta"), dict):  # a round-tripped Example.model_dump()
+        meta.update(row["meta"])
+    elif "meta" in row:
+        meta["meta"] = row["meta"]
+    if row["kind"] == "code":
+        for key in ("entry_point", "test"):
+            if not meta.get(key):
+                raise DatasetError(f"{path}: row {n} has kind 'code' but no {key!r} column")
+    id_ = str(row["id"])
+    return Example(
+        id=id_,
+        question="" if problem else row["question"],
+        reference=str(row["reference"]),
+        kind=row["kind"],
+        meta=meta,
+        invalid=f"row {n} {problem}" if problem else None,
+    )
+
+
+def _from_file(
+    path: Path, split: str, limit: int | None, *, keep_bad_questions: bool
+) -> list[Example]:
+    """The first ``limit`` rows of ``split`` (all of them if None); reading stops there."""
     examples: list[Example] = []
     ids: set[str] = set()
-    for n, row in enumerate(rows, 1):
-        for column in _REQUIRED:
-            if column not in row:
-                raise DatasetError(f"{path}: missing column {column!r} (row {n})")
-            if row[column] is None or row[column] == "":
-                raise DatasetError(f"{path}: row {n} has an empty {column!r}")
-        if row["kind"] not in _KINDS:
-            raise DatasetError(
-                f"{path}: row {n} (id {row['id']!r}) has kind {row['kind']!r}; "
-                f"expected one of {', '.join(_KINDS)}"
-            )
-        meta = {k: v for k, v in row.items() if k not in _REQUIRED and k != "meta"}
-        if isinstance(row.get("meta"), dict):  # a round-tripped Example.model_dump()
-            meta.update(row["meta"])
-        elif "meta" in row:
-            meta["meta"] = row["meta"]
-        if row["kind"] == "code":
-            for key in ("entry_point", "test"):
-                if not meta.get(key):
-                    raise DatasetError(f"{path}: row {n} has kind 'code' but no {key!r} column")
-        id_ = str(row["id"])
-        if id_ in ids:
-            raise DatasetError(f"{path}: row {n} repeats id {id_!r}")
-        ids.add(id_)
-        examples.append(
-            Example(
-                id=id_,
-                question=str(row["question"]),
-                reference=str(row["reference"]),
-                kind=row["kind"],
-                meta=meta,
-            )
-        )
+    splits: set[str] = set()
+    has_split: bool | None = None  # the first row says whether the file has a split column
+    with contextlib.closing(_rows(path)) as rows:
+        for row in rows:
+            if has_split is None:
+                has_split = "split" in row
+            if has_split:
+                splits.add(str(row.get("split")))
+                if row.get("split") != split:
+                    continue
+            example = _example(path, len(examples) + 1, row, keep_bad_questions)
+            if example.id in ids:
+                raise DatasetError(f"{path}: row {len(examples) + 1} repeats id {example.id!r}")
+            ids.add(example.id)
+            examples.append(example)
+            if limit is not None and len(examples) >= limit:
+                break
+    if has_split and not examples:
+        raise DatasetError(f"{path}: no rows with split {split!r}; splits are {sorted(splits)}")
     return examples

@@ -83,6 +83,12 @@ class RunRecord(BaseModel):
     wall_s: float
     created_at: datetime = Field(default_factory=utcnow)
     tags: dict[str, str] = Field(default_factory=dict)
+    reason: str | None = Field(
+        default=None,
+        description="One-line reason of a failed run (a failed step, an invalid plan, a "
+        "question that could not be asked); null for a completed run, and in files written "
+        "before the column existed.",
+    )
 
     def row(self) -> dict[str, Any]:
         d = self.model_dump()
@@ -138,6 +144,7 @@ RUNS_SCHEMA = pa.schema(
         ("wall_s", pa.float64()),
         ("created_at", _TS),
         ("tags", pa.map_(pa.string(), pa.string())),
+        ("reason", pa.string()),
     ]
 )
 

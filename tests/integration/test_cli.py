@@ -117,7 +117,7 @@ def test_run_json_prints_one_object_and_no_noise(tmp_path):
     # Every task run reached the database as final before the ephemeral server stopped.
     import sqlite3
 
-    db = sqlite3.connect(tmp_path / "prefect" / "prefect.db")
+    db = sqlite3.connect(tmp_path / "home" / "prefect" / "prefect.db")  # the one home (#39)
     states = db.execute("select name, state_type from task_run").fetchall()
     assert len(states) >= 4  # plan, two steps, save
     assert {t for _, t in states} == {"COMPLETED"}, states
@@ -140,29 +140,36 @@ def test_temporary_server_writes_to_its_log_not_to_the_terminal(tmp_path):
         "import flows.runtime\n"
         "from flows.runtime import start_temporary_server\n"
         "from prefect.server.api.server import SubprocessASGIServer\n"
-        "flows.runtime.SLOW_START_NOTICE_S = 0.0  # as on a loaded machine: said at once\n"
+        "flows.runtime.NEW_DATABASE_NOTICE_S = 0.0  # said at once\n"
+        "flows.runtime.SLOW_START_NOTICE_S = float(os.environ['SLOW_NOTICE'])\n"
         "start_temporary_server()\n"
         "pid = SubprocessASGIServer().server_process.pid\n"
         "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))\n"
         "print(os.readlink('/proc/self/fd/2'))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env=cli_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def start(slow_notice: float) -> subprocess.CompletedProcess[str]:
+        env = {**cli_env(tmp_path), "SLOW_NOTICE": str(slow_notice)}
+        env.pop("PREFECT_SERVER_DATABASE_CONNECTION_URL", None)
+        return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+
+    proc = start(slow_notice=1e6)
     assert proc.returncode == 0, proc.stderr
     first, ours = proc.stdout.splitlines()
     server_out, server_err = first.split()
     log = str(tmp_path / "home" / "logs" / "prefect-server.log")
     assert server_out == log and server_err == log
     assert ours != log  # this process's stderr was given back
-    # A slow start is said once on the terminal, with the generous wait (issue #17).
+    # A slow start is said once on the terminal, with the generous wait (issue #17), and its
+    # database lives under the one home (issue #39).
     assert proc.stderr.count("temporary server is still starting") == 1, proc.stderr
-    assert "waiting up to 300 s" in proc.stderr
+    assert "waiting up to 300 s" in proc.stderr and "first start" in proc.stderr
     assert "still starting" not in Path(log).read_text()
+    assert (tmp_path / "home" / "prefect" / "prefect.db").is_file()
+    # Its database exists now: no word unless the wait is long (issue #39: it came every time).
+    again = start(slow_notice=1e6)
+    assert again.returncode == 0 and "still starting" not in again.stderr, again.stderr
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
@@ -383,3 +390,55 @@ def test_artifacts_path_and_compact(tmp_path):
     compact = conductor("artifacts", "compact", "--json", cwd=tmp_path, timeout=60)
     assert compact.returncode == 0, compact.stderr
     json.loads(compact.stdout)
+
+
+# What a hostile tool program or worker prints: retitle (OSC ... BEL), recolour (CSI, and the
+# 8-bit CSI U+009B), a NUL (issue #38).
+HOSTILE = "\x1b]0;PWNED-TITLE\x07\x1b[31mRED \x00 \x9b31m"
+HOSTILE_SHOWN = "\\x1b]0;PWNED-TITLE\\x07\\x1b[31mRED \\x00 \\x9b31m"
+
+
+def test_worker_output_reaches_the_terminal_escaped_and_json_exact(tmp_path):
+    pool = write_pool(tmp_path, HOSTILE)
+    proc = conductor("run", "Say hi", "--pool", str(pool), "--verbose", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"answer: {HOSTILE_SHOWN}\n"
+    step_1 = next(line for line in proc.stderr.splitlines() if line.startswith("  ✓ step 1 · gpt"))
+    assert step_1.endswith(f" s: {HOSTILE_SHOWN}")  # the step line, after its latency
+    assert f"Flow run 'Say hi' - answer: {HOSTILE_SHOWN}\n" in proc.stderr  # Prefect's line
+    for raw in ("\x1b", "\x07", "\x00", "\x9b"):
+        assert raw not in proc.stdout and raw not in proc.stderr
+    # --json keeps the exact text (JSON escapes it); so does the stored run.
+    as_json = conductor("run", "Say hi", "--pool", str(pool), "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["answer"] == HOSTILE
+    assert "\x1b" not in as_json.stdout and "\x1b" not in as_json.stderr
+    from conductor.data.store import ArtifactStore
+
+    runs = ArtifactStore(str(tmp_path / "home" / "artifacts")).read_pandas("runs")
+    assert list(runs["answer"]) == [HOSTILE, HOSTILE]
+
+
+def test_eval_with_one_oversized_question_runs_the_rest(tmp_path):
+    """Issue #38: a question over 20,000 characters made `conductor eval` exit 1, storing
+    nothing; now it is one failed run and the others run and are stored."""
+    pool = write_tool_pool(tmp_path)
+    data = tmp_path / "questions.jsonl"
+    rows = [
+        {"id": "ok", "question": "What is 2 + 3?", "reference": "5", "kind": "math"},
+        {
+            "id": "long",
+            "question": "What is 2 + 3? " + " " * 20_000,
+            "reference": "5",
+            "kind": "math",
+        },
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["eval", "--dataset", str(data), "--strategy", "single:calculator", "--pool", str(pool)]
+    proc = conductor(*args, "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["n"], result["correct"], result["failed"]) == (2, 1, 1)
+    assert_clean(proc.stderr)
+    summary = json.loads(conductor("artifacts", "--json", cwd=tmp_path).stdout)
+    assert summary["runs"] == 2 and summary["failed_runs"] == 1

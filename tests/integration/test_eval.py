@@ -283,3 +283,48 @@ def test_an_mlflow_outage_keeps_the_runs_and_the_summary(setup, monkeypatch):
     assert (rows["runs (n)"], rows["correct"], rows["failed runs"]) == (4, 3, 0)
     assert rows["MLflow experiment"] == "eval/mini" and rows["MLflow run id"] == "n/a"
     assert summary.description == "single:oracle: accuracy 75.0% (3/4), 0 failed"
+
+
+def test_a_question_that_cannot_be_asked_fails_alone(setup):
+    """Issue #38: one question over a request's 20,000 characters (or blank, or no question
+    at all) failed the whole eval and stored nothing; now each fails alone, with its reason."""
+    data, pool, tmp_path = setup
+    too_long = "What is 2 + 3? " + "x" * 20_000
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rows[1:1] = [{"id": "long", "question": too_long, "reference": "5", "kind": "math"}]
+    rows += [
+        {"id": "blank", "question": "  ", "reference": "0", "kind": "math"},
+        {"id": "none", "reference": "0", "kind": "math"},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = _eval(data, pool, tmp_path, "single:oracle")
+    assert (result.n, result.questions, result.correct, result.failed) == (7, 7, 3, 3)
+    assert result.accuracy == pytest.approx(3 / 7)
+
+    runs = ArtifactStore(str(tmp_path / "art")).read_pandas("runs").set_index("question_id")
+    assert sorted(runs.index) == ["blank", "long", "none", "q0", "q1", "q2", "q3"]
+    failed = runs[runs["status"] == "failed"]
+    assert sorted(failed.index) == ["blank", "long", "none"]
+    assert not failed["correct"].any() and (failed["reward"] == 0.0).all()
+    assert failed.loc["long", "question"] == too_long  # stored as the dataset has it
+    assert failed.loc["long", "reason"] == (
+        "question 'long' not asked: question: String should have at most 20000 characters "
+        f"(it has {len(too_long):,})"
+    )
+    assert "has a blank 'question'" in failed.loc["blank", "reason"]
+    assert "has no 'question'" in failed.loc["none", "reason"]
+    assert {dict(t)["eval_id"] for t in failed["tags"]} == {result.eval_id}
+    assert runs.loc[["q0", "q1", "q2", "q3"], "reason"].isna().all()
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    run = mlflow.get_run(result.mlflow_run_id)
+    assert run.data.metrics["failed"] == 3
+    table = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/results.json")
+    by_id = {r[table["columns"].index("question_id")]: r for r in table["data"]}
+    reason = table["columns"].index("reason")
+    assert (
+        by_id["long"][reason].startswith("question 'long' not asked")
+        and by_id["q0"][reason] is None
+    )

@@ -369,7 +369,8 @@ def test_file_split_column_selects_rows(tmp_path):
 
 def test_bad_files(tmp_path):
     bad_json = tmp_path / "bad.jsonl"
-    bad_json.write_text('{"id": "1"}\n{not json\n')
+    # Rows are read and checked in file order: row 1 is a good row, line 2 is not JSON.
+    bad_json.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
     with pytest.raises(DatasetError, match="line 2 is not valid JSON"):
         load_dataset(str(bad_json))
     txt = tmp_path / "data.txt"
@@ -393,3 +394,116 @@ def test_unknown_name_lists_builtins(tmp_path):
     assert isinstance(err.value, ConductorError)
     with pytest.raises(DatasetError, match="no such file"):
         load_dataset(str(tmp_path / "missing.jsonl"))
+
+
+# --- reading only what a limit needs (issue #38) -----------------------------------------------
+
+BIG = 50_000
+
+
+def _big_rows(n: int = BIG) -> list[dict]:
+    return [
+        {"id": f"q{i}", "question": f"What is {i} + 1?", "reference": str(i + 1), "kind": "math"}
+        for i in range(n)
+    ]
+
+
+def test_jsonl_limit_stops_reading_before_a_bad_later_line(tmp_path):
+    """The last of 50,001 lines is not JSON: reading it would raise, so a limit that is met
+    early must never parse it (the old loader parsed every line, then sliced)."""
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _big_rows()) + "{not json\n")
+    assert [e.id for e in load_dataset(str(path), limit=2)] == ["q0", "q1"]
+    assert len(load_dataset(str(path), limit=BIG)) == BIG  # the bad line is the next one
+    with pytest.raises(DatasetError, match=f"line {BIG + 1} is not valid JSON"):
+        load_dataset(str(path))
+    # Row checks run only on rows read too: a bad kind after the limit is never seen.
+    bad_kind = tmp_path / "kind.jsonl"
+    bad_kind.write_text("".join(json.dumps(r) + "\n" for r in [*ROWS, {**ROWS[0], "kind": "x"}]))
+    assert len(load_dataset(str(bad_kind), limit=3)) == 3
+
+
+def test_jsonl_split_and_limit_stop_at_the_nth_row_of_the_split(tmp_path):
+    rows = [{**r, "split": "test" if i % 3 == 0 else "train"} for i, r in enumerate(_big_rows())]
+    path = tmp_path / "split.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{not json\n")
+    assert [e.id for e in load_dataset(str(path), limit=3)] == ["q0", "q3", "q6"]
+    assert [e.id for e in load_dataset(str(path), split="train", limit=3)] == ["q1", "q2", "q4"]
+    # A split no row has needs the whole file (to list the splits): the bad line is reached.
+    with pytest.raises(DatasetError, match=f"line {BIG + 1} is not valid JSON"):
+        load_dataset(str(path), split="dev", limit=1)
+
+
+def test_csv_limit_stops_reading_before_bad_bytes(tmp_path):
+    path = tmp_path / "big.csv"
+    write(path, _big_rows())
+    with path.open("ab") as fh:
+        fh.write(b"q-bad,\xff\xfe not utf-8,1,math\n")
+    assert [e.id for e in load_dataset(str(path), limit=2)] == ["q0", "q1"]
+    with pytest.raises(DatasetError, match="cannot read"):
+        load_dataset(str(path))
+
+
+def test_parquet_limit_reads_only_the_first_row_groups(tmp_path):
+    """The last of ten row groups is overwritten with junk: reading it raises, so a limit
+    met in the first row group must stop before it."""
+    path = tmp_path / "big.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(_big_rows(10_000)), path, row_group_size=1_000, compression="none"
+    )
+    last = pq.ParquetFile(path).metadata.row_group(9)
+    chunks = [last.column(i) for i in range(last.num_columns)]
+    start = min(c.dictionary_page_offset or c.data_page_offset for c in chunks)
+    end = max(
+        (c.dictionary_page_offset or c.data_page_offset) + c.total_compressed_size for c in chunks
+    )
+    data = bytearray(path.read_bytes())
+    data[start:end] = b"\xff" * (end - start)
+    path.write_bytes(bytes(data))
+    assert [e.id for e in load_dataset(str(path), limit=2)] == ["q0", "q1"]
+    with pytest.raises(DatasetError, match=str(path)):
+        load_dataset(str(path))
+
+
+# --- a bad question fails its row only, when the caller keeps it (issue #38) -------------------
+
+BAD_QUESTIONS = [
+    ({"question": ""}, "has an empty 'question'"),
+    ({"question": "  \n\t "}, "has a blank 'question' (only whitespace or invisible characters)"),
+    (
+        {"question": "\u200b \ufeff"},
+        "has a blank 'question' (only whitespace or invisible characters)",
+    ),
+    ({"question": None}, "has an empty 'question'"),
+    ({"question": 42}, "has a 'question' of type int, not text"),
+    ({"question": ["a", "b"]}, "has a 'question' of type list, not text"),
+    (None, "has no 'question'"),  # the row has no question key
+]
+
+
+@pytest.mark.parametrize(("change", "problem"), BAD_QUESTIONS)
+def test_a_bad_question_fails_the_file_by_default_and_its_row_when_kept(tmp_path, change, problem):
+    bad = {**ROWS[1], **change} if change else {k: v for k, v in ROWS[1].items() if k != "question"}
+    path = write(tmp_path / "d.jsonl", [ROWS[0], bad, ROWS[2]])
+    with pytest.raises(DatasetError, match=re.escape(f"row 2 {problem}")):
+        load_dataset(str(path))
+    kept = load_dataset(str(path), bad_questions="keep")
+    assert [e.id for e in kept] == ["q1", "q2", "q3"]
+    assert [e.invalid for e in kept] == [None, f"row 2 {problem}", None]
+    assert kept[1].question == "" and kept[1].reference == "Paris"
+    assert kept[0] == load_dataset(str(path), limit=1)[0]  # good rows as before
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_an_empty_question_cell_fails_its_row_when_kept(tmp_path, suffix):
+    path = write(tmp_path / f"d{suffix}", [ROWS[0], {**ROWS[1], "question": ""}, ROWS[2]])
+    kept = load_dataset(str(path), bad_questions="keep")
+    assert [e.invalid is None for e in kept] == [True, False, True]
+    long = "x" * 25_000  # a request's limit, not the loader's: the eval fails it alone
+    path = write(tmp_path / f"long{suffix}", [{**ROWS[0], "question": long}])
+    assert load_dataset(str(path))[0].question == long
+
+
+def test_invalid_is_not_a_column_of_a_dumped_example():
+    example = Example(id="a", question="", reference="r", kind="math", invalid="row 1 ...")
+    assert "invalid" not in example.model_dump()
