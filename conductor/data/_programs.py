@@ -3,8 +3,9 @@
 Each generator returns a :class:`Program`: the source, and the output computed from the
 generator's own parameters by a mirror of the program's logic written here (plain integer and
 string arithmetic, never ``exec``/``eval`` of the source). Loading the dataset therefore needs
-no subprocess; ``tests/unit/test_datasets.py`` runs the programs through the isolated sandbox
-(``conductor.providers.tools.sandbox``) and checks that each printed exactly ``output``.
+no subprocess; ``tests/integration/test_dataset_processes.py`` runs the programs through the
+isolated sandbox (``conductor.providers.tools.sandbox``) and checks that each printed exactly
+``output``.
 
 Programs print one integer or one lower-case word, so the ``math`` and ``text`` verifiers read
 them. None is a bare expression the calculator could evaluate from the question's text.

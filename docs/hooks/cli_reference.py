@@ -4,7 +4,7 @@
 the marker with every command of ``flows.cli:app`` (walked through
 ``typer.main.get_command``, the click group the ``conductor`` script runs): its usage line,
 its help text and every option with its type, default and help. Nothing generated is checked
-in, so the page cannot drift from the code; ``tests/unit/test_docs.py`` builds the site and
+in, so the page cannot drift from the code; ``tests/integration/test_docs.py`` builds the site and
 checks that every command and option name is on the page.
 """
 

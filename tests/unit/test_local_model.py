@@ -9,7 +9,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import asyncio
 import importlib.util
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from conductor.errors import WorkerError
-from conductor.providers import local_model
+from conductor.providers import _batching, local_model
 from conductor.providers._batching import GenerationRequest, MicroBatcher, ModelThread, group_key
 from conductor.providers.local_model import (
     SMOLLM2,
@@ -30,6 +29,7 @@ from conductor.providers.local_model import (
     register,
     tokenizer_from_gguf,
 )
+from tests.clock import FakeClock
 
 TINY = "tiny-test"
 MESSAGES = [{"role": "user", "content": "Name a prime number."}]
@@ -400,27 +400,56 @@ def test_batcher_never_exceeds_max_batch() -> None:
     assert max(sizes) <= 3 and sum(sizes) == 7
 
 
-def test_callers_arriving_spread_out_after_a_batch_still_run_together() -> None:
-    """After a batch of 4, four callers 100 ms apart (a gap longer than ``gather_s``, as when
-    eval questions each start a subflow first) form one batch, not a lone one and three."""
+def test_callers_arriving_spread_out_after_a_batch_still_run_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a batch of 4, four callers 10 ms apart (a gap longer than ``gather_s``, as when
+    eval questions each start a subflow first) form one batch, not a lone one and three.
+
+    The batcher's clock is a fake one the test moves: each caller arrives at the time set for
+    it, and the leader has seen each gap on the clock before the next caller arrives."""
+    clock = FakeClock().install(monkeypatch, _batching)
     sizes: list[int] = []
+    results: dict[int, int] = {}
 
     def run_group(items: list[int]) -> list[int]:
         sizes.append(len(items))
         return items
 
     batcher = MicroBatcher(
-        run_group, key=lambda _: 0, gather_s=0.05, max_wait_s=0.5, patience_s=0.6, fill_s=3.0
+        run_group, key=lambda _: 0, gather_s=0.005, max_wait_s=0.05, patience_s=0.06, fill_s=0.3
     )
-    assert at_once(batcher.submit, 4) == [0, 1, 2, 3]
+
+    def arrive(i: int) -> threading.Thread:
+        """Caller ``i``, once the batcher has read the clock on its arrival."""
+        thread = threading.Thread(
+            target=lambda: results.__setitem__(i, batcher.submit(i)), name=f"caller-{i}"
+        )
+        thread.start()
+        now = clock.now
+        clock.wait_for(lambda: clock.read_by(f"caller-{i}", now), f"caller-{i} arrives")
+        return thread
+
+    first = [arrive(i) for i in range(4)]  # at one instant: caller-0 leads and gathers them
+    clock.advance(0.01)  # a quiet gather_s after the last arrival
+    for thread in first:
+        thread.join()
     assert sizes == [4]
 
-    def spread(i: int) -> int:
-        time.sleep(0.1 * i)
-        return batcher.submit(10 + i)
-
-    assert at_once(spread, 4) == [10, 11, 12, 13]
+    spread = [arrive(10)]  # leads; expects 4 callers, as many as the last batch had
+    for i in (11, 12, 13):
+        clock.advance(0.01)  # longer than gather_s, shorter than patience_s
+        now = clock.now
+        clock.wait_for(  # the leader saw the gap (and, unless it ran alone, still waits)
+            lambda now=now: clock.read_by("caller-10", now) or not spread[0].is_alive(),
+            "the leader reads the clock",
+        )
+        spread.append(arrive(i))
+    clock.advance(0.01)  # all 4 are in: a quiet gather_s ends the wait
+    for thread in spread:
+        thread.join()
     assert sizes == [4, 4]
+    assert results == {i: i for i in (0, 1, 2, 3, 10, 11, 12, 13)}
 
 
 def test_batcher_rejects_inconsistent_windows() -> None:

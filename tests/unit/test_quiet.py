@@ -1,12 +1,11 @@
 """Third-party notices and progress bars are configured off by defaults a user can override,
-and libraries' deprecation warnings hidden (issue #10); the CLI applies all of it at start."""
+and libraries' deprecation warnings hidden (issue #10); the CLI applies all of it at start.
+That each library reads the settings, in a fresh interpreter, is
+``tests/integration/test_quiet_startup.py``."""
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import warnings
 
 from flows.quiet import hide_deprecation_warnings, progress_bars_off, quiet_third_party_notices
@@ -38,29 +37,6 @@ def test_deprecations_are_hidden_and_other_warnings_show():
         warnings.warn("old", DeprecationWarning, stacklevel=1)
         warnings.warn("look at this", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["look at this"]
-
-
-def test_the_settings_reach_prefect_mlflow_and_tqdm():
-    """In a fresh interpreter, as the CLI sets them: each library reads them once."""
-    code = """
-import logging, sys
-from flows.quiet import progress_bars_off, quiet_third_party_notices
-quiet_third_party_notices()
-progress_bars_off()
-import mlflow, tqdm
-from prefect import flow  # sets Prefect's logging up
-level = lambda name: logging.getLogger(name).getEffectiveLevel()
-print(level("prefect"), level("prefect.flow_runs"), level("prefect.task_runs"),
-      level("mlflow.store.db.utils"), level("alembic"), tqdm.tqdm(range(1)).disable)
-"""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_LOGGING", "MLFLOW_"))}
-    env.pop("TQDM_DISABLE", None)
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr
-    w, i = logging.WARNING, logging.INFO
-    assert out.stdout.split() == [str(w), str(i), str(i), str(w), str(w), "True"]
 
 
 def test_the_runs_log_lines_stay_off_the_terminal_unless_verbose(monkeypatch):

@@ -1,13 +1,15 @@
 """ArtifactStore: round trips, outside readers, the pairs table, errors that name the path.
 
-Atomic writes under SIGKILL, concurrent writers and compaction under concurrent readers are
-in ``test_store_concurrency.py``, which shares this file's helpers; the S3 paths are in
-``test_store_s3.py``."""
+Concurrent writers and compaction under concurrent readers are ``test_store_concurrency.py``;
+writers in several processes (and killed mid-write) are
+``tests/integration/test_store_processes.py``, the S3 paths
+``tests/integration/test_store_s3.py``. The records all of them write are
+``tests/store_records.py``."""
 
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -18,52 +20,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
-from conductor.data.store import ArtifactStore, TableName
+from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA
+from conductor.data.store import ArtifactStore
 from conductor.errors import StoreError
-
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
-
-
-def make_run(i: int, **kw: object) -> RunRecord:
-    fields: dict[str, object] = dict(
-        run_id=f"run-{i:05d}",
-        question_id=f"q{i % 7}",
-        question=f"What is {i} + 1?",
-        conductor_model="smollm2",
-        format_valid=True,
-        status="completed",
-        input_tokens=10 * i,
-        output_tokens=i,
-        wall_s=0.5 + i,
-        created_at=T0 + timedelta(seconds=i),
-        tags={"split": "train"},
-    )
-    fields.update(kw)
-    return RunRecord(**fields)  # type: ignore[arg-type]
-
-
-def make_steps(run_id: str, n: int = 2, **kw: object) -> list[StepRecord]:
-    return [
-        StepRecord(
-            **{  # type: ignore[arg-type]
-                "run_id": run_id,
-                "question_id": "q",
-                "step": j,
-                "worker": "calculator",
-                "model": "tool",
-                "instruction": f"step {j}",
-                "access": list(range(j)),
-                "status": "completed",
-                **kw,
-            }
-        )
-        for j in range(n)
-    ]
-
-
-def parquet_files(store: ArtifactStore, table: TableName) -> list[Path]:
-    return sorted(Path(store.table_path(table)).glob("*.parquet"))
+from tests.store_records import T0, make_run, make_steps, parquet_files
 
 
 @pytest.fixture

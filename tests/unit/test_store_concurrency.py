@@ -1,36 +1,34 @@
-"""ArtifactStore under concurrency: atomic writes under SIGKILL, concurrent writers (threads
-and processes), and compaction that concurrent readers and writers never notice.
-
-The records and helpers (``make_run``, ``make_steps``, ``parquet_files``) are ``test_store.py``'s.
+"""ArtifactStore under concurrency in one process: writer threads, and compaction that
+concurrent readers and writers never notice. Writers in several processes, and a writer killed
+mid-write, are ``tests/integration/test_store_processes.py``. The records and read scenarios
+are ``tests/store_records.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 import pytest
 
 from conductor.data.store import TABLES, ArtifactStore, TableName
 from conductor.errors import StoreError
-from tests.unit.test_store import make_run, make_steps, parquet_files
+from tests.store_records import (
+    make_run,
+    make_steps,
+    parquet_files,
+    read_while_a_compaction_deletes_its_files,
+    reading_all_the_time,
+)
 
 RUN_TABLES: tuple[TableName, ...] = ("runs", "steps")
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -38,73 +36,7 @@ def store(tmp_path: Path) -> ArtifactStore:
     return ArtifactStore(tmp_path / "artifacts")
 
 
-# -- atomicity and concurrent writers --------------------------------------------------------
-
-_CHILD = textwrap.dedent(
-    """
-    import os, sys
-    from conductor.data.records import StepRecord
-    from conductor.data.store import TABLES, ArtifactStore, TableName
-
-    root, mode, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    store, tag = ArtifactStore(root), str(os.getpid())
-    for b in range(batches if batches > 0 else 10**9):
-        steps = [
-            StepRecord(run_id=f"{tag}-{b}", question_id="q", step=j, worker="w", model="m",
-                       instruction="go", status="completed",
-                       output=os.urandom(2048).hex() if mode == "big" else "ok")
-            for j in range(size)
-        ]
-        store.write([], steps)
-        print("done", flush=True)
-    """
-)
-
-
-def _child(root: Path, mode: str, batches: int, size: int) -> subprocess.Popen[str]:
-    args = [sys.executable, "-c", _CHILD, str(root), mode, str(batches), str(size)]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=REPO)
-
-
-def test_sigkill_mid_write_leaves_no_partial_visible_file(tmp_path: Path):
-    size, caught_mid_write = 1500, False
-    for attempt in range(3):  # the kill almost always lands mid-write; retry if it did not
-        root = tmp_path / f"a{attempt}"
-        child = _child(root, "big", 0, size)
-        assert child.stdout is not None
-        assert child.stdout.readline() == "done\n"  # one complete write, then kill during one
-        steps_dir = root / "steps"
-        deadline = time.monotonic() + 10
-        while not any(steps_dir.glob(".tmp-*")) and time.monotonic() < deadline:
-            time.sleep(0.002)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        completed = 1 + child.stdout.read().count("done")
-        store = ArtifactStore(root)
-        visible = parquet_files(store, "steps")
-        # A write may finish its rename an instant before its "done" line is printed.
-        assert completed <= len(visible) <= completed + 1
-        assert all(pq.read_table(f).num_rows == size for f in visible)
-        assert store.read("steps").num_rows == size * len(visible)
-        assert pd.read_parquet(store.table_path("steps")).shape[0] == size * len(visible)
-        if any(steps_dir.glob(".tmp-*")):
-            caught_mid_write = True
-            break
-    assert caught_mid_write, "no kill landed mid-write; the test did not exercise atomicity"
-
-
-def test_two_processes_writing_concurrently_lose_nothing(tmp_path: Path):
-    root = tmp_path / "shared"
-    children = [_child(root, "small", 50, 3) for _ in range(2)]
-    pids = {str(c.pid) for c in children}
-    for c in children:
-        out, _ = c.communicate(timeout=60)
-        assert c.returncode == 0 and out.count("done") == 50
-    store = ArtifactStore(root)
-    steps = store.read("steps", columns=["run_id", "step"])
-    assert steps.num_rows == 2 * 50 * 3 and len(parquet_files(store, "steps")) == 100
-    run_ids = set(steps["run_id"].to_pylist())
-    assert run_ids == {f"{pid}-{b}" for pid in pids for b in range(50)}
+# -- concurrent writers ----------------------------------------------------------------------
 
 
 def test_threads_writing_concurrently_lose_nothing(store: ArtifactStore):
@@ -233,34 +165,6 @@ def test_compaction_with_a_concurrent_writer_thread(store: ArtifactStore):
     assert store.summary().steps == 40
 
 
-@contextlib.contextmanager
-def reading_all_the_time(root: str) -> Iterator[list[int]]:
-    """A thread of its own store reads ``runs`` in a loop while the block runs; every view
-    must hold no duplicate and never fewer rows than the one before. Yields the row counts."""
-    reader, stop = ArtifactStore(root), threading.Event()
-    counts: list[int] = []
-    errors: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            while not stop.is_set():
-                ids = reader.read("runs", columns=["run_id"])["run_id"].to_pylist()
-                assert len(ids) == len(set(ids)), "duplicate rows"
-                assert not counts or len(ids) >= counts[-1], "row count went down"
-                counts.append(len(ids))
-        except BaseException as e:  # reported to the main thread below
-            errors.append(e)
-
-    thread = threading.Thread(target=read)
-    thread.start()
-    try:
-        yield counts
-    finally:
-        stop.set()
-        thread.join()
-    assert not errors, errors
-
-
 def test_reader_never_sees_loss_or_duplicates_during_compaction_cycles(store: ArtifactStore):
     with reading_all_the_time(store.root) as counts:
         for cycle in range(25):
@@ -274,25 +178,6 @@ def test_read_retries_when_a_compaction_deletes_files_under_it(
     store: ArtifactStore, monkeypatch: pytest.MonkeyPatch
 ):
     read_while_a_compaction_deletes_its_files(store, monkeypatch)
-
-
-def read_while_a_compaction_deletes_its_files(
-    store: ArtifactStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A read whose listed files are all deleted before it loads them lists again."""
-    for i in range(4):
-        store.write([make_run(i)], [])
-    compactor, load, calls = ArtifactStore(store.root), store._load, []
-
-    def load_after_compaction(*args: object) -> pa.Table:
-        calls.append(args[1])
-        if len(calls) == 1:
-            compactor.compact("runs")  # deletes every file this read just listed
-        return load(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(store, "_load", load_after_compaction)
-    assert sorted(store.read("runs")["run_id"].to_pylist()) == [f"run-{i:05d}" for i in range(4)]
-    assert len(calls) == 2 and len(calls[1]) == 1  # the retry read the one merged file
 
 
 def test_read_detects_a_torn_listing(

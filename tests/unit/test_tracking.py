@@ -1,23 +1,31 @@
 """MLflow writes against a tracking server that is down (issue #19, item 3): a bounded wait
-(``CONDUCTOR_MLFLOW_RETRY_S``), then one ``TrackingUnavailableError`` line naming the server.
+(``CONDUCTOR_MLFLOW_RETRY_S``), then one ``TrackingUnavailableError`` line naming the server
+and the write; Prefect does not retry that failure (it would wait the window again).
 
-The server here is a closed port of 127.0.0.1, or a small HTTP server that answers
-``/health`` as a proxy in front of a stopped server would; ``test_tracking_server.py`` brings
-a real ``mlflow server`` up during the wait.
+The server is a closed port of 127.0.0.1, and the wait runs on a fake clock
+(``tests/clock.py``): the tests count the probes and add up the sleeps, they never time
+anything. The training tasks (``tasks.training``, ``tasks.reward_model``) get the same checks,
+with TRL replaced by a trainer that records whether it trained, so no model is built. Probing a
+real HTTP server, and a real ``mlflow server`` that comes up during the wait, are in
+``tests/integration/test_tracking_server.py``.
 """
 
 from __future__ import annotations
 
-import http.server
 import socket
-import threading
-import time
-from collections.abc import Iterator
+import sys
+import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conductor.errors import ConductorError, StoreError
+import tasks.tracking
+from conductor.errors import ConductorError, StoreError, StoreUnavailableError
+from conductor.training.config import TrainConductorRequest
+from reward_model.model import RewardModelRequest
+from tasks import reward_model as rm_tasks
+from tasks import training
 from tasks.tracking import (
     TrackingError,
     TrackingUnavailableError,
@@ -30,6 +38,7 @@ from tasks.tracking import (
     tracking_server,
     wait_for_tracking_server,
 )
+from tests.clock import FakeClock
 
 
 def _closed_port() -> int:
@@ -40,57 +49,51 @@ def _closed_port() -> int:
 
 @pytest.fixture
 def down(monkeypatch: pytest.MonkeyPatch) -> str:
-    """``MLFLOW_TRACKING_URI`` at a port nothing listens on; a 1 s retry window."""
+    """``MLFLOW_TRACKING_URI`` at a port nothing listens on; a 1 s retry window; MLflow's own
+    client retries nothing (were the wait missing, a read would fail at once, not wait)."""
     url = f"http://127.0.0.1:{_closed_port()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     return url
 
 
-class _Health(http.server.BaseHTTPRequestHandler):
-    status = 200
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self.send_response(self.server.status)  # type: ignore[attr-defined]
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The clock the waits of ``tasks.tracking`` read and sleep on."""
+    return FakeClock().install(monkeypatch, tasks.tracking)
 
 
 @pytest.fixture
-def health() -> Iterator[http.server.HTTPServer]:
-    """An HTTP server on 127.0.0.1 whose every GET answers ``server.status``."""
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
-    server.status = 200  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def probes(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """What each ``GET /health`` probe found: None when the server answered, else why not."""
+    found: list[str | None] = []
+    why_down = tasks.tracking._why_down
+
+    def probe(url: str, timeout: float) -> str | None:
+        found.append(why_down(url, timeout))
+        return found[-1]
+
+    monkeypatch.setattr(tasks.tracking, "_why_down", probe)
+    return found
 
 
-def _url(server: http.server.HTTPServer) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}"
-
-
-def test_log_eval_fails_in_one_line_after_the_retry_window(down: str):
-    started = time.monotonic()
+def test_log_eval_fails_in_one_line_after_the_retry_window(down: str, clock, probes):
     with pytest.raises(TrackingUnavailableError) as caught:
         log_eval.fn("eval/x", "single:calculator", {}, {"accuracy": 1.0}, [], {})
-    waited = time.monotonic() - started
     message = str(caught.value)
     assert message.startswith(f"MLflow tracking server {down} unreachable (log eval")
     assert "retried 1 s" in message and "Connection refused" in message
     assert "\n" not in message and "CONDUCTOR_MLFLOW_RETRY_S" in message
     assert isinstance(caught.value, ConductorError)  # the CLI prints it as one line
     assert isinstance(caught.value, StoreError)  # a runtime failure: the CLI exits 1
-    # It waited the window, and no more than a few probes past it (MLflow's own client,
-    # left alone on a refused connection, retries for about 4 minutes).
-    assert 1.0 <= waited < 20.0
+    # It waited the window, backing off from 0.2 s, and probed once more at its end (MLflow's
+    # own client, left alone on a refused connection, retries for about 4 minutes).
+    assert clock.sleeps == pytest.approx([0.2, 0.4, 0.4])
+    assert len(probes) == 4 and all(why == "Connection refused" for why in probes)
 
 
-def test_every_write_helper_waits_for_the_server(down: str, monkeypatch, tmp_path):
+def test_every_write_helper_waits_for_the_server(down: str, clock, monkeypatch, tmp_path):
     import mlflow
 
     monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "0.3")
@@ -103,30 +106,15 @@ def test_every_write_helper_waits_for_the_server(down: str, monkeypatch, tmp_pat
         mlflow_experiment(mlflow, "eval/y")
     with pytest.raises(TrackingUnavailableError, match="register a version of model orchrm"):
         register_version(client, "run", tmp_path, "orchrm", "model", {})
+    assert clock.slept == pytest.approx(3 * 0.3)  # each one waited its own window
 
 
-def test_a_local_store_is_not_waited_for(monkeypatch: pytest.MonkeyPatch, tmp_path):
+def test_a_local_store_is_not_waited_for(monkeypatch, tmp_path, clock, probes):
     monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "30")
-    started = time.monotonic()
     wait_for_tracking_server("log", f"sqlite:///{tmp_path / 'mlflow.db'}")
     with tracking_server("log", f"sqlite:///{tmp_path / 'mlflow.db'}"):
         pass
-    assert time.monotonic() - started < 1.0
-
-
-def test_a_server_that_answers_is_not_waited_for(health: http.server.HTTPServer, monkeypatch):
-    monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "30")
-    started = time.monotonic()
-    wait_for_tracking_server("log", _url(health))
-    assert time.monotonic() - started < 5.0
-    health.status = 404  # any answer but a proxy's 502-504 means it is up (a path prefix)
-    wait_for_tracking_server("log", _url(health))
-
-
-def test_a_proxy_answering_503_counts_as_down(health: http.server.HTTPServer):
-    health.status = 503
-    with pytest.raises(TrackingUnavailableError, match=r"retried 0.3 s\): HTTP 503"):
-        wait_for_tracking_server("log eval", _url(health), retry_s=0.3)
+    assert probes == [] and clock.sleeps == []  # not probed, not waited for
 
 
 def test_credentials_in_the_uri_are_not_shown():
@@ -151,23 +139,26 @@ def test_mlflow_gives_up_on_a_refused_connection_as_unreachable(monkeypatch):
     assert not _unreachable(MlflowException("no such run", error_code="RESOURCE_DOES_NOT_EXIST"))
 
 
-def test_a_server_lost_during_the_write_is_one_line(health: http.server.HTTPServer):
+def test_a_server_lost_during_the_write_is_one_line(monkeypatch):
     import requests
     from mlflow.exceptions import MlflowException
+
+    url = "http://127.0.0.1:5000"
+    monkeypatch.setattr(tasks.tracking, "_why_down", lambda url, timeout: None)  # it answers
 
     def lost() -> None:
         try:
             raise requests.ConnectionError("[Errno 111] Connection refused")
         except requests.ConnectionError as e:  # as MLflow's client raises it: no "from"
-            raise MlflowException(f"API request to {_url(health)} failed: {e}")  # noqa: B904
+            raise MlflowException(f"API request to {url} failed: {e}")  # noqa: B904
 
     with pytest.raises(TrackingUnavailableError, match="lost during the write") as caught:
-        with tracking_server("log eval", _url(health)):
+        with tracking_server("log eval", url):
             lost()
     assert "Connection refused" in str(caught.value) and "\n" not in str(caught.value)
     refused = MlflowException("bad param", error_code="INVALID_PARAMETER_VALUE")
     with pytest.raises(MlflowException, match="bad param"):  # a refused request stays itself
-        with tracking_server("log eval", _url(health)):
+        with tracking_server("log eval", url):
             raise refused
 
 
@@ -189,11 +180,6 @@ class _State:
         raise self.exc
 
 
-def test_prefect_does_not_retry_a_write_that_already_waited():
-    assert not retry_unless_unreachable(None, None, _State(TrackingUnavailableError("down")))
-    assert retry_unless_unreachable(None, None, _State(RuntimeError("database is locked")))
-
-
 def test_the_tracking_errors_live_with_the_other_errors():
     import conductor.errors
 
@@ -203,3 +189,187 @@ def test_the_tracking_errors_live_with_the_other_errors():
     assert issubclass(TrackingUnavailableError, TrackingError)
     assert issubclass(TrackingError, StoreError)  # a runtime failure: the CLI exits 1
     assert not issubclass(TrackingUnavailableError, conductor.errors.StoreUnavailableError)
+
+
+# -- the training tasks ---------------------------------------------------------------------------
+
+
+def _fails_in_one_line(call: Any, what: str, url: str) -> None:
+    clock = FakeClock()
+    with pytest.MonkeyPatch.context() as patch:
+        clock.install(patch, tasks.tracking)
+        with pytest.raises(TrackingUnavailableError) as caught:
+            call()
+    message = str(caught.value)
+    assert message.startswith(f"MLflow tracking server {url} unreachable ({what}")
+    assert "retried 1 s" in message and "\n" not in message
+    assert clock.slept == pytest.approx(1.0)  # the window, on the clock the wait reads
+    assert len(clock.sleeps) == 3  # backing off: 0.2 s, 0.4 s, what is left
+
+
+def test_the_training_run_opens_and_finishes_only_with_a_server(down: str):
+    request = TrainConductorRequest()
+    _fails_in_one_line(
+        lambda: training.start_training_run.fn(request, {}),
+        "open run train-conductor in experiment train/conductor",
+        down,
+    )
+    _fails_in_one_line(
+        lambda: training.finish_training_run.fn("r1", {"accuracy": 1.0}, "FINISHED"),
+        "finish run r1 (FINISHED)",
+        down,
+    )
+
+
+def test_the_reward_model_run_opens_logs_and_finishes_only_with_a_server(down: str):
+    _fails_in_one_line(
+        lambda: rm_tasks.start_rm_run.fn(RewardModelRequest(), {}),
+        "open run train-rm in experiment train/orchrm",
+        down,
+    )
+    built = rm_tasks.BuiltPairs(train=[], test=[], new=0, stats={})
+    _fails_in_one_line(
+        lambda: rm_tasks.log_pair_stats.fn("r2", built, None),
+        "log pair statistics to run r2",
+        down,
+    )
+    _fails_in_one_line(
+        lambda: rm_tasks.finish_rm_run.fn("r2", "FAILED", {"loss": 0.5}),
+        "finish run r2 (FAILED)",
+        down,
+    )
+
+
+def test_a_champion_is_not_missing_when_the_server_is(down: str, tmp_path: Path):
+    """Before: ``get_model_version_by_alias`` failing for any reason read as "no champion", so
+    a server outage let a candidate be promoted as the first champion."""
+    what = "read model conductor@champion"
+    _fails_in_one_line(training.champion_exists, what, down)
+    _fails_in_one_line(lambda: training.champion_needs_eval("sig"), what, down)
+    _fails_in_one_line(
+        lambda: training.register_conductor.fn("r3", tmp_path, 0.9, "sig", promote=True),
+        what,
+        down,
+    )
+    _fails_in_one_line(rm_tasks.champion_ref, "read model orchrm@champion", down)
+    _fails_in_one_line(
+        lambda: rm_tasks.register_reward_model.fn("r4", tmp_path, 0.8, None, False, True),
+        "register a version of model orchrm",
+        down,
+    )
+
+
+class _Trainer:
+    """TRL's trainers as far as these tasks use them, recording whether they trained."""
+
+    trained = 0
+
+    def __init__(self, **kwargs: Any):
+        self.model = None
+
+    def train(self) -> Any:
+        _Trainer.trained += 1
+        raise AssertionError("trained with the tracking server down")
+
+
+@pytest.fixture
+def fake_trl(monkeypatch: pytest.MonkeyPatch) -> type[_Trainer]:
+    trl = types.ModuleType("trl")
+    trl.SFTTrainer = trl.GRPOTrainer = trl.RewardTrainer = _Trainer  # type: ignore[attr-defined]
+    datasets = types.ModuleType("datasets")
+    datasets.Dataset = types.SimpleNamespace(from_list=list)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trl", trl)
+    monkeypatch.setitem(sys.modules, "datasets", datasets)
+    for module in (training, rm_tasks):
+        monkeypatch.setattr(module, "use_all_cores", lambda: None)
+        monkeypatch.setattr(module, "lora_config", lambda *a: None)
+    monkeypatch.setattr(training, "load_trainable_base", lambda base: (None, None))
+    monkeypatch.setattr(training, "sft_config", lambda *a: None)
+    monkeypatch.setattr(rm_tasks, "load_backbone", lambda base: (None, None))
+    monkeypatch.setattr(rm_tasks, "reward_config", lambda *a: None)
+    _Trainer.trained = 0
+    return _Trainer
+
+
+def test_a_stage_does_not_train_into_a_server_that_is_down(down: str, fake_trl, tmp_path):
+    """TRL's MLflow callback logs into the stage's run during ``train()``: the stage waits
+    for the server before it opens that run, and never trains without it."""
+    example = {"prompt": "p", "completion": "c"}
+    _fails_in_one_line(
+        lambda: training.warm_start_train.fn(
+            TrainConductorRequest(), [example], tmp_path, "parent", stage="warm-start"
+        ),
+        "log stage warm-start",
+        down,
+    )
+    pair = {"input": "i", "chosen": "c", "rejected": "r"}
+    _fails_in_one_line(
+        lambda: rm_tasks.train_on_pairs.fn(RewardModelRequest(), [pair], tmp_path, "parent"),
+        "log stage reward-trainer",
+        down,
+    )
+    assert fake_trl.trained == 0
+
+
+MLFLOW_TASKS = [
+    training.start_training_run,
+    training.finish_training_run,
+    training.register_conductor,
+    rm_tasks.start_rm_run,
+    rm_tasks.finish_rm_run,
+    rm_tasks.log_pair_stats,
+    rm_tasks.register_reward_model,
+    rm_tasks.store_pairs,  # the artifact store: its own wait, CONDUCTOR_ARTIFACTS_RETRY_S
+]
+
+
+@pytest.mark.parametrize("task", MLFLOW_TASKS, ids=lambda t: t.name)
+def test_tasks_that_retry_do_not_retry_a_server_that_stayed_down(task: Any):
+    assert task.retries == 2
+    assert task.retry_condition_fn is retry_unless_unreachable
+
+
+def test_prefect_does_not_retry_a_write_that_already_waited():
+    assert not retry_unless_unreachable(None, None, _State(TrackingUnavailableError("down")))
+    assert not retry_unless_unreachable(None, None, _State(StoreUnavailableError("s3 down")))
+    assert retry_unless_unreachable(None, None, _State(RuntimeError("database is locked")))
+
+
+def test_a_local_store_still_records_the_training_run(monkeypatch, tmp_path: Path):
+    """The waits are no-ops on the embedded sqlite store: a run opens and finishes."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "30")
+    run_id = training.start_training_run.fn(TrainConductorRequest(), {"who": "test"})
+    training.finish_training_run.fn(run_id, {"accuracy": 0.5, "skipped": None}, "FINISHED")
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"accuracy": 0.5}
+    assert run.data.params["dataset"] == "arithmetic" and run.data.tags["who"] == "test"
+    assert not training.champion_exists()  # no champion: a real "none", not an outage
+
+
+def test_a_local_store_still_registers_and_promotes(monkeypatch, tmp_path: Path):
+    """The champion reads and the alias writes, on the embedded store: a first candidate
+    with a figure to beat is promoted, and the champion is then found."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "adapter_config.json").write_text("{}")
+
+    rm_run = rm_tasks.start_rm_run.fn(RewardModelRequest(), {})
+    assert rm_tasks.champion_ref() is None
+    reg = rm_tasks.register_reward_model.fn(rm_run, model, 0.7, None, False, True)
+    assert reg.promoted and rm_tasks.champion_ref() == "models:/orchrm@champion"
+    built = rm_tasks.BuiltPairs(train=[{}], test=[], new=1, stats={"by_source": {"a": 1}})
+    rm_tasks.log_pair_stats.fn(rm_run, built, None)
+    rm_tasks.finish_rm_run.fn(rm_run, "FINISHED", {"train_loss": 0.1})
+
+    run = training.start_training_run.fn(TrainConductorRequest(), {})
+    reg = training.register_conductor.fn(run, model, 0.5, "sig", True, champion_accuracy=0.4)
+    assert reg.promoted and training.champion_exists()
+    assert training.champion_needs_eval("sig") is None  # its accuracy on "sig" is recorded
+    assert training.champion_needs_eval("other") == "models:/conductor@champion"

@@ -1,4 +1,5 @@
-"""Pure pieces of conductor training: rewards, warm-start data, prompts, adapters, promotion."""
+"""Pure pieces of conductor training: rewards, warm-start data, prompts, adapters, promotion,
+the requests of training-time plan runs."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from conductor.adapters import (
     with_conductor,
     write_adapter_meta,
 )
+from conductor.data.datasets import Example
 from conductor.plan.parse import parse_plan
 from conductor.plan.prompts import conductor_messages, render_plan
+from conductor.plan.requests import OrchestrateRequest
 from conductor.plan.workflow import Step, Workflow
 from conductor.pool import load_pool
-from conductor.training.config import TrainConductorRequest, should_promote
+from conductor.training.config import TrainConductorRequest, rollout_request, should_promote
 from conductor.training.rewards import (
     ExecutedPlanReward,
+    Rollout,
     RolloutOutcome,
     TokenCostPenalty,
     completion_text,
@@ -338,3 +342,57 @@ def test_the_shipped_adapter_is_small_and_says_how_it_was_made():
     size = sum(f.stat().st_size for f in info.path.iterdir())
     assert size <= 10 * 2**20
     assert POOL.conductor.model == f"local/{EMBEDDED_ADAPTER}"
+
+
+# -- the requests of training-time plan runs -------------------------------------------------------
+
+ROLLOUT_REQUEST = TrainConductorRequest(dataset="mixed", split="train", pool="pool.yaml", seed=3)
+
+
+def test_a_grpo_rollout_runs_its_own_plan_on_the_training_pool():
+    """``rollout_request`` is the one place the requests of training-time plan runs (GRPO
+    rollouts, self-sampled plans) are built."""
+    rollout = Rollout("What is 2 + 3?", "q1", "5", "math", "PLAN", meta={"n": 1})
+    tags = {"train_run": "r", "train_step": "4", "rollout": "0", "strategy": "grpo-rollout"}
+    built = rollout_request(
+        ROLLOUT_REQUEST, rollout, tags, plan_text=rollout.plan_text, plan_source="s"
+    )
+    assert built == OrchestrateRequest(
+        question="What is 2 + 3?",
+        pool="pool.yaml",
+        question_id="q1",
+        reference="5",
+        kind="math",
+        meta={"n": 1},
+        plan_text="PLAN",
+        plan_source="s",
+        on_invalid_plan="error",
+        tags={**tags, "dataset": "mixed", "split": "train"},
+    )
+
+
+def test_a_self_sampled_question_is_planned_by_the_adapter():
+    example = Example(id="q7", question="Capital of France?", reference="Paris", kind="text")
+    tags = {"train_run": "r", "self_sample_round": "1", "sample": "2"}
+    built = rollout_request(
+        ROLLOUT_REQUEST,
+        example,
+        tags,
+        conductor="/a",
+        conductor_temperature=1.0,
+        seed=ROLLOUT_REQUEST.seed + 2,
+    )
+    assert built == OrchestrateRequest(
+        question="Capital of France?",
+        pool="pool.yaml",
+        question_id="q7",
+        reference="Paris",
+        kind="text",
+        meta={},
+        conductor="/a",
+        conductor_temperature=1.0,
+        seed=5,
+        on_invalid_plan="error",
+        tags={**tags, "dataset": "mixed", "split": "train"},
+    )
+    assert tags == {"train_run": "r", "self_sample_round": "1", "sample": "2"}  # not mutated

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import doctest
-import importlib.util
-import subprocess
+import re
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -81,10 +81,35 @@ def test_verify_math_reports_rule_and_bad_reference():
     assert not bad.correct and "not a number" in bad.details
 
 
-def test_verify_math_is_linear_on_hostile_text():
-    # 200k characters of near-misses: must finish (a backtracking regex would not).
+class _Scanned:
+    """A compiled pattern that records the length of every text it is asked to scan."""
+
+    def __init__(self, pattern: re.Pattern[str], lengths: list[int]):
+        self._pattern, self._lengths = pattern, lengths
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._pattern, name)
+
+        def scan(*args: Any, **kwargs: Any) -> Any:
+            self._lengths.append(max(len(a) for a in args if isinstance(a, str)))
+            return method(*args, **kwargs)
+
+        return scan
+
+
+def test_verify_math_is_linear_on_hostile_text(monkeypatch):
+    """200k characters of near-misses: it finishes (a backtracking regex would not) because
+    each pattern scans a bounded tail a bounded number of times; counted, not timed."""
+    lengths: list[int] = []
+    for name in ("_NUM_RE", "_ANSWER_NUM_RE", "_EQ_END_RE", "_FRAC_RE"):
+        monkeypatch.setattr(verify_mod, name, _Scanned(getattr(verify_mod, name), lengths))
     text = "answer is " * 5_000 + "1," * 50_000 + "= " * 20_000 + "=" + "1/" * 10_000
-    assert isinstance(verify_math(text, "1"), Verdict)
+    assert verify_math(text, "1") == Verdict(True, "1/1", "last number: 1/1 == reference 1")
+    assert 0 < len(lengths) <= 10 and max(lengths) <= verify_mod._TAIL_CHARS
+    scanned = list(lengths)
+    lengths.clear()
+    verify_math("= " * 100_000 + text, "1")  # twice as long: the same work
+    assert lengths == scanned
 
 
 # --- multiple choice --------------------------------------------------------------------------
@@ -197,8 +222,14 @@ def test_verify_text_says_why():
 
 
 def test_verify_text_is_linear_on_hostile_text():
+    # 280k characters: the answer is cut to _TAIL_CHARS characters (4000 tokens of "paris
+    # or") before any guard reads it, and the length bound rejects it in one pass.
     text = "paris, or " * 20_000 + "not " * 20_000
-    assert isinstance(verify_text(text, "paris"), Verdict)
+    verdict = verify_text(text, "paris")
+    assert not verdict.correct and verdict.extracted.startswith("paris or paris or")
+    assert verdict.details.endswith(
+        "'paris': answer has 4000 tokens, more than 12 for this reference"
+    )
 
 
 def test_answer_key_for_text_uses_the_answer_span():
@@ -223,27 +254,9 @@ def test_normalize_text(raw, normal):
 # --- code -------------------------------------------------------------------------------------
 
 HE0 = load_dataset("humaneval", limit=1)[0]
-CORRECT_FUNCTION = """from typing import List
-
-
-def has_close_elements(numbers: List[float], threshold: float) -> bool:
-    ordered = sorted(numbers)
-    return any(b - a < threshold for a, b in zip(ordered, ordered[1:]))
-"""
 WRONG_FUNCTION = """def has_close_elements(numbers, threshold):
     return False
 """
-
-
-def subprocess_run_tests(program: str, tests: str, entry_point: str) -> tuple[bool, str]:
-    """A stand-in for the sandbox: runs the tests in a child interpreter (never in-process)."""
-    proc = subprocess.run(
-        [sys.executable, "-I", "-c", f"{program}\n{tests}\ncheck({entry_point})\n"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return proc.returncode == 0, proc.stderr[-500:]
 
 
 class Recorder:
@@ -254,22 +267,6 @@ class Recorder:
     def __call__(self, program: str, tests: str, entry_point: str) -> tuple[bool, str]:
         self.calls.append((program, tests, entry_point))
         return self.result
-
-
-@pytest.mark.parametrize(
-    ("answer", "correct"),
-    [
-        (f"Here it is:\n```python\n{CORRECT_FUNCTION}```\nDone.", True),
-        (f"```python\n{HE0.meta['prompt']}{HE0.reference}```", True),
-        (HE0.reference, True),  # a bare body: the prompt is prepended
-        (f"```python\n{WRONG_FUNCTION}```", False),
-        (f"```python\n{CORRECT_FUNCTION}```\nor shorter:\n```python\n{WRONG_FUNCTION}```", False),
-        ("```python\ndef has_close_elements(numbers, threshold)\n```", False),  # syntax error
-    ],
-)
-def test_verify_code_with_a_fake_runner(answer, correct):
-    verdict = verify_code(answer, HE0, subprocess_run_tests)
-    assert verdict.correct is correct, verdict.details
 
 
 def test_verify_code_builds_the_program():
@@ -309,21 +306,6 @@ def test_verify_code_needs_test_metadata():
 )
 def test_extract_code(text, code):
     assert extract_code(text) == code
-
-
-def _sandbox_available() -> bool:
-    try:
-        return importlib.util.find_spec("conductor.providers.tools.sandbox") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(
-    not _sandbox_available(), reason="conductor.providers.tools.sandbox not written yet"
-)
-def test_verify_code_with_the_real_sandbox():
-    assert verify(HE0, f"```python\n{CORRECT_FUNCTION}```").correct
-    assert not verify(HE0, f"```python\n{WRONG_FUNCTION}```").correct
 
 
 def test_sandbox_adapter_maps_results(monkeypatch):

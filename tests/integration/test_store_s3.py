@@ -14,7 +14,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,9 +24,10 @@ import pytest
 
 from conductor.data.store import ArtifactStore, s3_filesystem
 from conductor.errors import StoreError, StoreUnavailableError
-from tests.unit.test_store import make_run, make_steps
-from tests.unit.test_store_concurrency import (
+from tests.store_records import (
     REPO,
+    make_run,
+    make_steps,
     read_while_a_compaction_deletes_its_files,
     reading_all_the_time,
 )
@@ -352,12 +353,18 @@ def _spooled(home: Path) -> list[str]:
     return sorted(p.name for p in (home / "spool").rglob("part-*.parquet"))
 
 
-def _count_sends(store: ArtifactStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names ``store`` tries to send, one entry per try (the sends themselves are real)."""
+def _count_sends(
+    store: ArtifactStore,
+    monkeypatch: pytest.MonkeyPatch,
+    before_try: Callable[[int], object] = lambda n: None,
+) -> list[str]:
+    """The names ``store`` tries to send, one entry per try (the sends themselves are real);
+    ``before_try(n)`` runs before the n-th try (from 1)."""
     put, tries = store._put_bytes, []
 
     def counted(table: str, name: str, body: bytes) -> str:
         tries.append(name)
+        before_try(len(tries))
         return put(table, name, body)
 
     monkeypatch.setattr(store, "_put_bytes", counted)
@@ -402,10 +409,11 @@ def test_a_brief_outage_is_ridden_out_by_the_retries(
     store = ArtifactStore(f"s3://{BUCKET}/blip", retry_s=60)
     store.write([make_run(0)], [])
     own_server.stop()
-    tries = _count_sends(store, monkeypatch)
-    threading.Timer(1.5, own_server.start).start()
+    # The server comes back before the third try of the run file.
+    tries = _count_sends(store, monkeypatch, lambda n: n == 3 and own_server.start())
     store.write([make_run(1)], make_steps("run-00001"))  # no error: back within the budget
-    assert len(tries) > 2  # the run file was tried until the server came back
+    # The run file was tried until the server came back, then the steps file once.
+    assert len(tries) == 4 and tries[0] == tries[1] == tries[2] != tries[3]
     assert run_ids(store) == ["run-00000", "run-00001"] and store.summary().steps == 2
 
 
