@@ -76,8 +76,7 @@ def collect(
 ) -> list[dict[str, Any]]:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
-
-    from tasks.tracking import tracking_uri
+    from prefect_conductor.tasks.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     out: list[dict[str, Any]] = []

@@ -11,7 +11,7 @@ Each sample is a fresh process, as a user's command is, in these settings:
   the samples, not timed in them): ``conductor run`` hands its request to that warm process;
 - ``served-whole-prompt`` (on request): ``served`` with ``CONDUCTOR_PREFIX_CACHE=0``, so the
   serving process computes the conductor's whole prompt for every plan: the baseline of
-  prompt-prefix reuse (``conductor.providers._prefix_cache``).
+  prompt-prefix reuse (``prefect_conductor.conductor.providers._prefix_cache``).
 
 The first worker call's time is the ``started_at`` of the run's first step in the Parquet
 store (``conductor run --json`` names the run and the store). With a running server, where
@@ -115,7 +115,7 @@ def _env(home: Path, prefect_home: Path, api_url: str | None) -> dict[str, str]:
 
 def _conductor_cmd() -> list[str]:
     script = BIN / "conductor"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "flows.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "prefect_conductor.cli.app"]
 
 
 def _api(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -147,7 +147,7 @@ def conductor_sample(
     env: dict[str, str], cwd: Path, pool: Path | None, served: bool = False
 ) -> tuple[float, float, dict[str, float]]:
     """(seconds to the first worker call, seconds for the whole command, phases)."""
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     cmd = [*_conductor_cmd(), "run", QUESTION, "--json"]
     if pool is not None:
@@ -188,10 +188,10 @@ def imports_sample(env: dict[str, str], cwd: Path, tool_only: bool, served: bool
     worker call (the local model's torch and transformers too, unless tool-only; only the
     client's modules when ``conductor serve`` runs the request)."""
     if served:
-        modules = "flows.cli, flows.serve"
+        modules = "prefect_conductor.cli.app, prefect_conductor.fleet.serve"
     else:
-        modules = "flows.cli, flows.orchestrate" + (
-            "" if tool_only else ", conductor.providers.local_model"
+        modules = "prefect_conductor.cli.app, prefect_conductor.flows.orchestrate" + (
+            "" if tool_only else ", prefect_conductor.conductor.providers.local_model"
         )
     t0 = time.time()
     subprocess.run(

@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset  # noqa: E402
+
 from benchmarks.mixed_baselines import WORKERS, eval_rows, run_eval, table, tabulate  # noqa: E402
-from conductor.data.datasets import MIXED_DOMAINS, load_dataset  # noqa: E402
 
 # The worker each domain's questions should go to (no entry: no single worker solves it).
 ROUTES = {

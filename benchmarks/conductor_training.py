@@ -41,7 +41,7 @@ COSTLY = ("conductor-base", "self-consistency:smol:5")
 
 
 def _levels(dataset: str, split: str, seed: int) -> dict[str, int]:
-    from conductor.data.datasets import load_dataset
+    from prefect_conductor.conductor.data.datasets import load_dataset
 
     return {
         e.id: int(e.meta.get("level", 0)) for e in load_dataset(dataset, split=split, seed=seed)
@@ -67,7 +67,7 @@ def _row(name: str, result: Any, runs: Any, levels: dict[str, int], reused: bool
 
 
 def _runs_of(eval_id: str) -> Any:
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     runs = ArtifactStore().read_pandas("runs")
     mask = [dict(t).get("eval_id") == eval_id for t in runs["tags"]]
@@ -75,8 +75,8 @@ def _runs_of(eval_id: str) -> Any:
 
 
 def _evaluate(strategy: str, conductor: str | None, args: argparse.Namespace, limit: int) -> dict:
-    from conductor.plan.requests import EvalRequest
-    from flows.evaluate import evaluate
+    from prefect_conductor.conductor.plan.requests import EvalRequest
+    from prefect_conductor.flows.evaluate import evaluate
 
     result = evaluate(
         EvalRequest(
@@ -95,8 +95,7 @@ def _evaluate(strategy: str, conductor: str | None, args: argparse.Namespace, li
 
 def _reused(strategy: str, conductor: str | None, args: argparse.Namespace) -> dict | None:
     import mlflow
-
-    from tasks.tracking import tracking_uri
+    from prefect_conductor.tasks.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     runs = mlflow.search_runs(
@@ -162,7 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-    from flows.runtime import local_run_settings
+    from prefect_conductor.runtime.server import local_run_settings
 
     levels = _levels(args.dataset, args.split, args.seed)
     plan = [(s, None, args.limit) for s in SINGLES]

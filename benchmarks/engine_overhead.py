@@ -20,7 +20,8 @@ The fake worker states its prices in the pool (``PRICES``), as a model in litell
 map has them; ``--unpriced`` drops them, and litellm then searches for a price by model name
 on every call.
 
-Runs use the CLI's settings (``flows.runtime.local_run_settings``, no flow-run heartbeats on
+Runs use the CLI's settings (``prefect_conductor.runtime.server.local_run_settings``, no flow-run
+heartbeats on
 the ephemeral API); ``--heartbeats`` keeps Prefect's default, as a bare ``orchestrate()`` call
 has it, where a sync flow run waits up to 1 s at its end for the heartbeat thread. Each run
 starts after ``--settle`` quiet seconds: the server records a run's task-run events after the
@@ -132,7 +133,7 @@ def _timeline(root: str) -> tuple[list[float], float, float, float]:
     worker call's end to the run record (collecting states, building records). The run
     record's ``wall_s`` is taken when it is built, before it is stored.
     """
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     store = ArtifactStore(root)
     df = store.read_pandas("steps")
@@ -218,7 +219,7 @@ def _variant_flows() -> dict[str, Callable[[list[list[int]]], Any]]:
 def child(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     from prefect.settings import get_current_settings
 
-    from flows.runtime import local_run_settings
+    from prefect_conductor.runtime.server import local_run_settings
 
     # By default, the settings `conductor run` uses: no heartbeats on the ephemeral API.
     with nullcontext() if args.heartbeats else local_run_settings():
@@ -230,10 +231,10 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     import litellm
     import yaml
     from prefect import flow
+    from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+    from prefect_conductor.flows.orchestrate import orchestrate
 
-    from conductor.plan.requests import OrchestrateRequest
-    from flows.orchestrate import orchestrate
-    from flows.runtime import wait_until_recorded
+    from prefect_conductor.runtime.server import wait_until_recorded
     from tests.fakes import PLANS, register_fake_provider
 
     register_fake_provider()

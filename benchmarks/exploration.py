@@ -44,8 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from prefect_conductor.conductor.data.datasets import load_dataset  # noqa: E402
+
 from benchmarks.mixed_baselines import run_eval  # noqa: E402
-from conductor.data.datasets import load_dataset  # noqa: E402
 
 
 def _questions_file(directory: Path, offset: int, n: int, seed: int) -> Path:

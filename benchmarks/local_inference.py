@@ -68,7 +68,7 @@ CACHED_LOAD_TARGET_S = 5.0
 LOAD_CHILD = """
 import json, time
 t0 = time.perf_counter()
-from conductor.providers.local_model import SMOLLM2, LocalModelRegistry
+from prefect_conductor.conductor.providers.local_model import SMOLLM2, LocalModelRegistry
 t1 = time.perf_counter()
 LocalModelRegistry.get(SMOLLM2)
 t2 = time.perf_counter()
@@ -123,8 +123,8 @@ def timed(run: Any) -> dict[str, float]:
 
 
 def throughput(max_tokens: int, repeat: int) -> dict[str, Any]:
-    from conductor.providers._litellm import litellm
-    from conductor.providers.local_model import (
+    from prefect_conductor.conductor.providers._litellm import litellm
+    from prefect_conductor.conductor.providers.local_model import (
         SMOLLM2,
         LocalModelRegistry,
         model_torch_threads,
@@ -172,12 +172,12 @@ def plans(count: int) -> dict[str, Any]:
     """Seconds per plan of the embedded conductor, without and with prompt-prefix reuse."""
     import statistics
 
-    from conductor.adapters import EMBEDDED_ADAPTER
-    from conductor.data.datasets import load_dataset
-    from conductor.plan.prompts import conductor_messages
-    from conductor.pool import load_pool
-    from conductor.providers._prefix_cache import PrefixCache
-    from conductor.providers.local_model import LocalModelRegistry
+    from prefect_conductor.conductor.adapters import EMBEDDED_ADAPTER
+    from prefect_conductor.conductor.data.datasets import load_dataset
+    from prefect_conductor.conductor.plan.prompts import conductor_messages
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.conductor.providers._prefix_cache import PrefixCache
+    from prefect_conductor.conductor.providers.local_model import LocalModelRegistry
 
     pool = load_pool(None)
     model = LocalModelRegistry.get(EMBEDDED_ADAPTER)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conductor.data.datasets import MIXED_DOMAINS, load_dataset  # noqa: E402
+from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset  # noqa: E402
 
 WORKERS = ("calculator", "python", "smol")
 

@@ -36,9 +36,9 @@ if str(ROOT) not in sys.path:
 
 
 def _pairs(split: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from conductor.pool import load_pool
-    from reward_model.model import RewardModelRequest
-    from tasks.reward_model import build_reward_pairs
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.reward_model.model import RewardModelRequest
+    from prefect_conductor.tasks.reward_model import build_reward_pairs
 
     built = build_reward_pairs.fn(RewardModelRequest(split=split), load_pool(), "benchmark")
     return built.stats, built.test
@@ -47,8 +47,7 @@ def _pairs(split: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def _model_run(rm: str) -> dict[str, Any]:
     """Training figures of the registered model behind ``rm`` (from its MLflow run)."""
     import mlflow
-
-    from tasks.tracking import tracking_uri
+    from prefect_conductor.tasks.tracking import tracking_uri
 
     if not rm.startswith("models:/"):
         meta = json.loads((Path(rm) / "orchrm.json").read_text())
@@ -70,11 +69,11 @@ def _model_run(rm: str) -> dict[str, Any]:
 
 def _throughput(rm: str, questions: int = 16, n: int = 8) -> dict[str, float]:
     """Plans scored per second: batched (16 per forward) against one at a time."""
-    from conductor.data.datasets import load_dataset
-    from conductor.plan.prompts import describe_workers
-    from conductor.plan.strategies import random_plan
-    from conductor.pool import load_pool
-    from reward_model.model import load_reward_model
+    from prefect_conductor.conductor.data.datasets import load_dataset
+    from prefect_conductor.conductor.plan.prompts import describe_workers
+    from prefect_conductor.conductor.plan.strategies import random_plan
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.reward_model.model import load_reward_model
 
     pool, model = load_pool(), load_reward_model(rm)
     workers = describe_workers(pool)
@@ -96,8 +95,8 @@ def _throughput(rm: str, questions: int = 16, n: int = 8) -> dict[str, float]:
 
 
 def _evaluate(strategy: str, args: argparse.Namespace) -> dict[str, Any]:
-    from conductor.plan.requests import EvalRequest
-    from flows.evaluate import evaluate
+    from prefect_conductor.conductor.plan.requests import EvalRequest
+    from prefect_conductor.flows.evaluate import evaluate
 
     return evaluate(
         EvalRequest(
@@ -114,8 +113,7 @@ def _evaluate(strategy: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _reused(strategy: str, args: argparse.Namespace) -> dict[str, Any] | None:
     import mlflow
-
-    from tasks.tracking import tracking_uri
+    from prefect_conductor.tasks.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     runs = mlflow.search_runs(
@@ -156,8 +154,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-    from flows.runtime import local_run_settings
-    from tasks.reward_model import pairwise_accuracy
+    from prefect_conductor.tasks.reward_model import pairwise_accuracy
+
+    from prefect_conductor.runtime.server import local_run_settings
 
     started = time.perf_counter()
     stats, test_pairs = _pairs(args.train_split)

@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from conductor.providers.tools.sandbox import run_sandboxed  # noqa: E402
+from prefect_conductor.conductor.providers.tools.sandbox import run_sandboxed  # noqa: E402
 
 GOAL_MS = 50.0
 TRIVIAL = "print(1)"
@@ -46,7 +46,7 @@ def _p90(xs: list[float]) -> float:
 
 def latency(calls: int) -> dict[str, Any]:
     # The rlimit-only mode warns on every run, as it must; not into this table.
-    logging.getLogger("conductor.providers.tools.sandbox").setLevel(logging.ERROR)
+    logging.getLogger("prefect_conductor.conductor.providers.tools.sandbox").setLevel(logging.ERROR)
     times: dict[str, list[float]] = {"isolated": [], "process": []}
     for mode in times:  # warm both paths (imports, page cache) before measuring
         run_sandboxed(TRIVIAL, mode=mode)  # type: ignore[arg-type]
@@ -102,7 +102,7 @@ def eval_throughput(questions: int, concurrency: int, work: Path) -> dict[str, A
         env |= {"PREFECT_HOME": str(work / f"prefect-{mode}"), "PYTHONPATH": str(ROOT)}
         env.pop("PREFECT_API_URL", None)
         env.pop("MLFLOW_TRACKING_URI", None)
-        cmd = [sys.executable, "-m", "flows.cli", "eval", "--dataset", str(data)]
+        cmd = [sys.executable, "-m", "prefect_conductor.cli.app", "eval", "--dataset", str(data)]
         cmd += ["--strategy", "single:python", "--pool", str(pool), "--json"]
         cmd += ["--concurrency", str(concurrency)]
         t0 = time.perf_counter()

@@ -2,7 +2,8 @@
 
 ``questions_per_s_1host``: the 200 arithmetic test questions with ``single:calculator`` (a tool
 that answers in microseconds, so every second is the engine's) at ``--concurrency 16``,
-through ``flows.cli_common.call_long_flow(evaluate, ...)``, what ``conductor eval`` runs: every
+through ``prefect_conductor.cli.common.call_long_flow(evaluate, ...)``, what ``conductor eval``
+runs: every
 question a task run with its step task run, a row in the Parquet ``runs``/``steps`` tables,
 the MLflow run, the progress, runs and summary artifacts. The wall time is taken around that
 call, after a warm-up eval of ``--warm-up`` questions (the temporary server started, MLflow's
@@ -112,11 +113,10 @@ class _ApiCounter:
 def _asyncio_eval(examples: list[Any], concurrency: int) -> tuple[float, int]:
     """The baseline: one ``litellm.acompletion`` per question, ``concurrency`` at once."""
     import litellm
-
-    from conductor.data.verify import verify
-    from conductor.plan.prompts import worker_messages
-    from conductor.pool import load_pool
-    from conductor.providers.tools.provider import register
+    from prefect_conductor.conductor.data.verify import verify
+    from prefect_conductor.conductor.plan.prompts import worker_messages
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.conductor.providers.tools.provider import register
 
     register()
     pool = load_pool(None)
@@ -161,12 +161,12 @@ def child(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     counter = _ApiCounter()
     counter.install()
     from prefect import flow
+    from prefect_conductor.conductor.data.datasets import load_dataset
+    from prefect_conductor.conductor.plan.requests import EvalRequest, EvalResult
+    from prefect_conductor.flows.evaluate import evaluate
 
-    from conductor.data.datasets import load_dataset
-    from conductor.plan.requests import EvalRequest, EvalResult
-    from flows.cli_common import call_long_flow
-    from flows.evaluate import evaluate
-    from flows.runtime import local_run_settings
+    from prefect_conductor.cli.common import call_long_flow
+    from prefect_conductor.runtime.server import local_run_settings
 
     @flow(name="warm-up")
     def warm_up() -> int:

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conductor.data.datasets import load_dataset  # noqa: E402
+from prefect_conductor.conductor.data.datasets import load_dataset  # noqa: E402
 
 HELD_OUT = 40
 QUESTIONS = 64  # fresh training questions per round
@@ -264,7 +264,7 @@ def _conductor(home: Path, *args: str) -> dict[str, Any]:
     log = home / "curriculum" / "log.txt"
     with log.open("a") as stderr:
         done = subprocess.run(
-            [sys.executable, "-c", "from flows.cli import main; main()", *args, "--json"],
+            [sys.executable, "-c", "from prefect_conductor.cli.app import main; main()", *args, "--json"],  # noqa: E501
             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, check=False,
         )  # fmt: skip
     if done.returncode != 0:

@@ -41,15 +41,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conductor.data.datasets import load_dataset  # noqa: E402
-from conductor.errors import ConductorError  # noqa: E402
-from conductor.plan.parse import parse_plan  # noqa: E402
-from conductor.plan.prompts import conductor_messages  # noqa: E402
-from conductor.pool import Pool, load_pool  # noqa: E402
-from conductor.providers.llm import complete  # noqa: E402
-from conductor.providers.tools.calculator import extract_expression  # noqa: E402
-from conductor.providers.tools.provider import answer_calculator  # noqa: E402
-from conductor.training.hints import load_hint  # noqa: E402
+from prefect_conductor.conductor.data.datasets import load_dataset  # noqa: E402
+from prefect_conductor.conductor.errors import ConductorError  # noqa: E402
+from prefect_conductor.conductor.plan.parse import parse_plan  # noqa: E402
+from prefect_conductor.conductor.plan.prompts import conductor_messages  # noqa: E402
+from prefect_conductor.conductor.pool import Pool, load_pool  # noqa: E402
+from prefect_conductor.conductor.providers.llm import complete  # noqa: E402
+from prefect_conductor.conductor.providers.tools.calculator import extract_expression  # noqa: E402
+from prefect_conductor.conductor.providers.tools.provider import answer_calculator  # noqa: E402
+from prefect_conductor.conductor.training.hints import load_hint  # noqa: E402
 
 HINT = "word-problems"  # stories the generator does not use, one per operation shape
 

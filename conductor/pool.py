@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from prefect_conductor.conductor.errors import PoolConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from conductor.errors import PoolConfigError
 
 __all__ = [
     "ConductorSpec",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from conductor.errors import ConductorError
+from prefect_conductor.conductor.errors import ConductorError
 
 __all__ = ["QuestionError", "check_question"]
 

@@ -27,7 +27,8 @@ __all__ = [
     "wait",
 ]
 
-# The product's offline defaults (flows.quiet.OFFLINE_DEFAULTS; nothing imports flows/).
+# The product's offline defaults (prefect_conductor.runtime.quiet.OFFLINE_DEFAULTS; nothing imports
+# flows/).
 OFFLINE = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "MLFLOW_DISABLE_TELEMETRY": "true",

@@ -3,7 +3,7 @@
 # server PREFECT_API_URL points at.
 #
 # The deployments' conductor home (artifacts, MLflow) is the one every `conductor` command
-# uses: $CONDUCTOR_HOME, default ~/.conductor (conductor.home decides, so the two never
+# uses: $CONDUCTOR_HOME, default ~/.conductor (prefect_conductor.conductor.home decides, so the two never
 # differ), stored as an absolute path in each deployment's job variables: a worker in any
 # directory writes there. Nothing else about this machine (no working directory) is stored.
 #   CONDUCTOR_HOME=/shared/conductor bash deployments/register.sh
@@ -17,7 +17,7 @@ if [[ -z "${PREFECT_API_URL:-}" ]] && ! prefect config view 2>/dev/null | grep -
 fi
 
 # Absolute, relative to where this script was started; the same rule as the commands'.
-if ! CONDUCTOR_HOME="$(python -c 'from conductor.home import conductor_home; print(conductor_home())')"; then
+if ! CONDUCTOR_HOME="$(python -c 'from prefect_conductor.conductor.home import conductor_home; print(conductor_home())')"; then
   echo "error: cannot import conductor; activate the environment prefect-conductor is installed in" >&2
   exit 2
 fi

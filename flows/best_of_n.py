@@ -31,14 +31,13 @@ from prefect.exceptions import PrefectHTTPStatusError
 from prefect.runtime import flow_run, task_run
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
-
-from conductor.adapters import with_conductor
-from conductor.data.verify import answer_key
-from conductor.errors import PlanError
-from conductor.plan.parse import parse_plan
-from conductor.plan.prompts import describe_workers, render_plan
-from conductor.plan.requests import OrchestrateRequest, RunResult
-from conductor.plan.strategies import (
+from prefect_conductor.conductor.adapters import with_conductor
+from prefect_conductor.conductor.data.verify import answer_key
+from prefect_conductor.conductor.errors import PlanError
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.plan.prompts import describe_workers, render_plan
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
+from prefect_conductor.conductor.plan.strategies import (
     PROPOSER_TEMPERATURE,
     Strategy,
     majority_vote,
@@ -46,11 +45,11 @@ from conductor.plan.strategies import (
     random_plan,
     random_plan_seed,
 )
-from conductor.pool import Pool, load_pool
-from flows.orchestrate import RunOutcome, orchestrate, run_unstored
-from reward_model.model import CHAMPION
-from tasks.planning import write_plan
-from tasks.reward_model import score_plans
+from prefect_conductor.conductor.pool import Pool, load_pool
+from prefect_conductor.flows.orchestrate import RunOutcome, orchestrate, run_unstored
+from prefect_conductor.reward_model.model import CHAMPION
+from prefect_conductor.tasks.planning import write_plan
+from prefect_conductor.tasks.reward_model import score_plans
 
 __all__ = ["best_of_n", "eval_question", "run_question", "DEFAULT_RM"]
 

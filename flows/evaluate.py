@@ -31,20 +31,30 @@ from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect_conductor.conductor.data.datasets import DatasetError, Example, load_dataset
+from prefect_conductor.conductor.data.records import RunRecord
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.home import artifacts_location
+from prefect_conductor.conductor.plan.requests import (
+    EvalRequest,
+    EvalResult,
+    OrchestrateRequest,
+    RunResult,
+)
+from prefect_conductor.conductor.plan.strategies import parse_strategy
+from prefect_conductor.conductor.pool import load_pool
+from prefect_conductor.flows.best_of_n import eval_question, run_question
+from prefect_conductor.flows.orchestrate import TASK_RUNNER_WORKERS, RunOutcome
+from prefect_conductor.tasks.artifacts import (
+    EvalProgress,
+    RunBatch,
+    publish_eval_runs,
+    publish_eval_summary,
+)
+from prefect_conductor.tasks.tracking import log_eval
 from pydantic import ValidationError
 
-from conductor.data.datasets import DatasetError, Example, load_dataset
-from conductor.data.records import RunRecord
-from conductor.errors import ConductorError
-from conductor.home import artifacts_location
-from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
-from conductor.plan.strategies import parse_strategy
-from conductor.pool import load_pool
-from flows.best_of_n import eval_question, run_question
-from flows.orchestrate import TASK_RUNNER_WORKERS, RunOutcome
-from flows.runtime import result_storage
-from tasks.artifacts import EvalProgress, RunBatch, publish_eval_runs, publish_eval_summary
-from tasks.tracking import log_eval
+from prefect_conductor.runtime.server import result_storage
 
 __all__ = ["evaluate", "eval_question", "run_question"]
 
@@ -256,7 +266,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
     futures: list[PrefectFuture | RunOutcome] = []  # a RunOutcome: a question not asked
     submit = eval_question.submit
     if request.fan_out:  # fan-out hook (issue #19): the questions run on the fleet
-        from flows.fanout import Fleet
+        from prefect_conductor.fleet.fanout import Fleet
 
         submit = Fleet(request.concurrency).submit
     for ex, k in jobs:

@@ -30,16 +30,15 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
-
-from conductor.adapters import with_conductor
-from conductor.data.datasets import Example
-from conductor.data.records import RunRecord, StepRecord
-from conductor.data.verify import answer_key
-from conductor.errors import ConductorError, PlanError, WorkerError
-from conductor.home import artifacts_location
-from conductor.plan.parse import extract_plan, parse_plan, validate_plan
-from conductor.plan.requests import OrchestrateRequest, RunResult
-from conductor.plan.strategies import (
+from prefect_conductor.conductor.adapters import with_conductor
+from prefect_conductor.conductor.data.datasets import Example
+from prefect_conductor.conductor.data.records import RunRecord, StepRecord
+from prefect_conductor.conductor.data.verify import answer_key
+from prefect_conductor.conductor.errors import ConductorError, PlanError, WorkerError
+from prefect_conductor.conductor.home import artifacts_location
+from prefect_conductor.conductor.plan.parse import extract_plan, parse_plan, validate_plan
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
+from prefect_conductor.conductor.plan.strategies import (
     SELF_CONSISTENCY_TEMPERATURE,
     Strategy,
     majority_vote,
@@ -48,15 +47,22 @@ from conductor.plan.strategies import (
     random_plan_seed,
     self_consistency_plan,
 )
-from conductor.plan.workflow import Step, Workflow, plan_lines, step_line
-from conductor.pool import Pool, load_pool
-from conductor.providers.llm import Completion
-from conductor.providers.tools import SANDBOXED_MODELS
-from flows.runtime import result_storage
-from tasks.artifacts import publish_answer, publish_plan, publish_steps, save_run, store_root
-from tasks.planning import write_nested_plan, write_plan
-from tasks.verify import verify_answer
-from tasks.workers import StepOutcome, step_run_name, step_task_for
+from prefect_conductor.conductor.plan.workflow import Step, Workflow, plan_lines, step_line
+from prefect_conductor.conductor.pool import Pool, load_pool
+from prefect_conductor.conductor.providers.llm import Completion
+from prefect_conductor.conductor.providers.tools import SANDBOXED_MODELS
+from prefect_conductor.tasks.artifacts import (
+    publish_answer,
+    publish_plan,
+    publish_steps,
+    save_run,
+    store_root,
+)
+from prefect_conductor.tasks.planning import write_nested_plan, write_plan
+from prefect_conductor.tasks.verify import verify_answer
+from prefect_conductor.tasks.workers import StepOutcome, step_run_name, step_task_for
+
+from prefect_conductor.runtime.server import result_storage
 
 __all__ = ["RunOutcome", "conductor_round", "orchestrate", "run_unstored"]
 
@@ -68,7 +74,7 @@ ANSWER_LOG_LIMIT = 1000
 #: it finishes. Silent unless someone attaches a handler (``conductor run`` does); an eval's
 #: questions and deployed runs say nothing here. The run's own log, in the Prefect API and
 #: UI, is the flow-run logger's and has every line regardless.
-PROGRESS = logging.getLogger("conductor.progress")
+PROGRESS = logging.getLogger("prefect_conductor.progress")
 if PROGRESS.level == logging.NOTSET:  # ``conductor run`` may have set it up already
     PROGRESS.setLevel(logging.WARNING)
 PROGRESS.propagate = False

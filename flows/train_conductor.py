@@ -42,29 +42,32 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
-
-from conductor.adapters import EMBEDDED_ADAPTER, INCUMBENT, resolve_conductor
-from conductor.data.datasets import load_dataset
-from conductor.data.store import ArtifactStore
-from conductor.errors import ConductorError
-from conductor.home import conductor_home
-from conductor.plan.requests import EvalRequest, EvalResult, OrchestrateRequest, RunResult
-from conductor.pool import Pool, load_pool
-from conductor.training.config import (
+from prefect_conductor.conductor.adapters import EMBEDDED_ADAPTER, INCUMBENT, resolve_conductor
+from prefect_conductor.conductor.data.datasets import load_dataset
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.home import conductor_home
+from prefect_conductor.conductor.plan.requests import (
+    EvalRequest,
+    EvalResult,
+    OrchestrateRequest,
+    RunResult,
+)
+from prefect_conductor.conductor.pool import Pool, load_pool
+from prefect_conductor.conductor.training.config import (
     StageScore,
     TrainConductorRequest,
     TrainConductorResult,
     rollout_request,
 )
-from conductor.training.hints import hint_rotations
-from conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
-from conductor.training.warm_start import warm_start_examples
-from flows.best_of_n import run_question
-from flows.evaluate import evaluate
-from flows.fanout import Fleet
-from flows.orchestrate import RunOutcome
-from tasks.artifacts import RunBatch
-from tasks.training import (
+from prefect_conductor.conductor.training.hints import hint_rotations
+from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
+from prefect_conductor.conductor.training.warm_start import warm_start_examples
+from prefect_conductor.flows.best_of_n import run_question
+from prefect_conductor.flows.evaluate import evaluate
+from prefect_conductor.flows.orchestrate import RunOutcome
+from prefect_conductor.tasks.artifacts import RunBatch
+from prefect_conductor.tasks.training import (
     EXPERIMENT,
     champion_exists,
     champion_needs_eval,
@@ -74,6 +77,8 @@ from tasks.training import (
     start_training_run,
     warm_start_train,
 )
+
+from prefect_conductor.fleet.fanout import Fleet
 
 __all__ = ["train_conductor"]
 

@@ -2,7 +2,7 @@
 
 Stages (issue #9), each a task run; the whole training is one MLflow run in ``train/orchrm``:
 
-1. read ``runs`` and ``steps`` and build win/lose pairs (``reward_model.pairs``);
+1. read ``runs`` and ``steps`` and build win/lose pairs (``prefect_conductor.reward_model.pairs``);
 2. stop with a one-line message, training nothing, when fewer than ``min_pairs`` are new;
 3. store the new pairs in the ``pairs`` table (pair set = the MLflow run id);
 4. train with TRL's ``RewardTrainer`` (Bradley-Terry) and LoRA;
@@ -18,11 +18,10 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-
-from conductor.home import conductor_home
-from conductor.pool import load_pool
-from reward_model.model import MODEL_NAME, RewardModelRequest, RewardModelResult
-from tasks.reward_model import (
+from prefect_conductor.conductor.home import conductor_home
+from prefect_conductor.conductor.pool import load_pool
+from prefect_conductor.reward_model.model import MODEL_NAME, RewardModelRequest, RewardModelResult
+from prefect_conductor.tasks.reward_model import (
     build_reward_pairs,
     champion_ref,
     evaluate_reward_model,

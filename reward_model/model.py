@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.plan.workflow import Workflow
+from prefect_conductor.reward_model.documents import plan_document, raw_plan_document, reward_input
 from pydantic import BaseModel, ConfigDict, Field
-
-from conductor.errors import ConductorError
-from conductor.plan.workflow import Workflow
-from reward_model.documents import plan_document, raw_plan_document, reward_input
 
 __all__ = [
     "CHAMPION",
@@ -108,8 +107,8 @@ def _on_gpu() -> bool:
 
 def _backbone_dir(base: str) -> Path:
     """A directory with the base's dense weights (the local cache for SmolLM2)."""
-    from conductor.home import model_cache_dir
-    from conductor.providers.local_model import SMOLLM2, load_weights
+    from prefect_conductor.conductor.home import model_cache_dir
+    from prefect_conductor.conductor.providers.local_model import SMOLLM2, load_weights
 
     if base == SMOLLM2:
         load_weights(SMOLLM2)  # writes the dense cache once (the GGUF cannot be trained)
@@ -265,8 +264,8 @@ class OrchRM:
         plans are for; default the embedded local pool's.
         """
         if pool_description is None:
-            from conductor.plan.prompts import describe_workers
-            from conductor.pool import load_pool
+            from prefect_conductor.conductor.plan.prompts import describe_workers
+            from prefect_conductor.conductor.pool import load_pool
 
             pool_description = describe_workers(load_pool())
         outputs = list(step_outputs) if step_outputs is not None else [None] * len(plans)
@@ -284,7 +283,7 @@ _LOADING = threading.Lock()
 
 def _resolve(ref: str) -> Path:
     if ref.startswith("models:/"):
-        from conductor.adapters import AdapterError, download_registered
+        from prefect_conductor.conductor.adapters import AdapterError, download_registered
 
         try:
             return download_registered(ref)

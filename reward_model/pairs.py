@@ -46,9 +46,8 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-
-from conductor.data.records import PAIRS_SCHEMA, utcnow
-from reward_model.documents import (
+from prefect_conductor.conductor.data.records import PAIRS_SCHEMA, utcnow
+from prefect_conductor.reward_model.documents import (
     plan_document,
     raw_plan_document,
     reward_input,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from conductor.errors import PlanError
-from conductor.plan.parse import parse_plan
-from conductor.plan.prompts import describe_workers
-from conductor.pool import Pool
-from conductor.training.rewards import completion_text
-from reward_model.model import load_reward_model
+from prefect_conductor.conductor.errors import PlanError
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.plan.prompts import describe_workers
+from prefect_conductor.conductor.pool import Pool
+from prefect_conductor.conductor.training.rewards import completion_text
+from prefect_conductor.reward_model.model import load_reward_model
 
 __all__ = ["OrchRMReward", "orchrm_reward"]
 
@@ -60,8 +60,8 @@ def orchrm_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> 
     """
     global _DEFAULT
     if _DEFAULT is None:
-        from conductor.pool import load_pool
-        from reward_model.model import CHAMPION
+        from prefect_conductor.conductor.pool import load_pool
+        from prefect_conductor.reward_model.model import CHAMPION
 
         _DEFAULT = OrchRMReward(CHAMPION, load_pool())
     return _DEFAULT(prompts, completions, **kwargs)

@@ -30,13 +30,12 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect_conductor.conductor.data.records import RunRecord, StepRecord
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.requests import EvalResult, RunResult
+from prefect_conductor.conductor.plan.workflow import Workflow
+from prefect_conductor.tasks.tracking import retry_unless_unreachable
 from tqdm import tqdm
-
-from conductor.data.records import RunRecord, StepRecord
-from conductor.data.store import ArtifactStore
-from conductor.plan.requests import EvalResult, RunResult
-from conductor.plan.workflow import Workflow
-from tasks.tracking import retry_unless_unreachable
 
 __all__ = [
     "BATCH_RUNS",

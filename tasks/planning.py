@@ -6,12 +6,11 @@ import json
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-
-from conductor.plan.policy import ConductorPolicy, LiteLLMPolicy
-from conductor.plan.prompts import recursion_messages
-from conductor.plan.workflow import Workflow
-from conductor.pool import Pool
-from conductor.providers.llm import Completion, complete
+from prefect_conductor.conductor.plan.policy import ConductorPolicy, LiteLLMPolicy
+from prefect_conductor.conductor.plan.prompts import recursion_messages
+from prefect_conductor.conductor.plan.workflow import Workflow
+from prefect_conductor.conductor.pool import Pool
+from prefect_conductor.conductor.providers.llm import Completion, complete
 
 __all__ = ["write_plan", "write_nested_plan"]
 

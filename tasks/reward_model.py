@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-
-from conductor.data.store import ArtifactStore
-from conductor.plan.prompts import describe_workers
-from conductor.pool import Pool
-from reward_model.model import (
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.prompts import describe_workers
+from prefect_conductor.conductor.pool import Pool
+from prefect_conductor.reward_model.model import (
     MODEL_NAME,
     RewardModelRequest,
     load_backbone,
@@ -34,14 +33,14 @@ from reward_model.model import (
     reward_config,
     write_rm_meta,
 )
-from reward_model.pairs import (
+from prefect_conductor.reward_model.pairs import (
     PAIR_RUN_COLUMNS,
     PAIR_STEP_COLUMNS,
     PairConfig,
     build_pairs,
     pairs_table,
 )
-from tasks.tracking import (
+from prefect_conductor.tasks.tracking import (
     finish_run,
     mlflow_experiment,
     model_version_by_alias,
@@ -51,7 +50,7 @@ from tasks.tracking import (
     tracking_server,
     tracking_uri,
 )
-from tasks.training import use_all_cores
+from prefect_conductor.tasks.training import use_all_cores
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -95,9 +94,8 @@ class BuiltPairs:
 
 
 def _token_counter(base: str) -> Any:
+    from prefect_conductor.reward_model.model import _backbone_dir
     from transformers import AutoTokenizer
-
-    from reward_model.model import _backbone_dir
 
     tokenizer = AutoTokenizer.from_pretrained(_backbone_dir(base))
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -111,7 +109,7 @@ def _runs_since(runs: pd.DataFrame, since: str | None) -> pd.DataFrame:
     try:
         start = pd.Timestamp(since)
     except ValueError:
-        from reward_model.model import RewardModelError
+        from prefect_conductor.reward_model.model import RewardModelError
 
         raise RewardModelError(f"--since {since!r}: expected a date like 2026-11-30") from None
     if start.tzinfo is None:
@@ -131,7 +129,7 @@ def build_reward_pairs(request: RewardModelRequest, pool: Pool, pair_set: str) -
         runs = runs[split == request.split]
     steps = store.read_pandas("steps", columns=list(PAIR_STEP_COLUMNS))
     steps = steps[steps["run_id"].isin(set(runs["run_id"]))]
-    from conductor.providers.local_model import SMOLLM2
+    from prefect_conductor.conductor.providers.local_model import SMOLLM2
 
     config = PairConfig(
         max_tokens=request.max_tokens,

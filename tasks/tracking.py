@@ -43,9 +43,12 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-
-from conductor.errors import StoreUnavailableError, TrackingError, TrackingUnavailableError
-from conductor.home import mlflow_artifacts_dir, mlflow_tracking_uri
+from prefect_conductor.conductor.errors import (
+    StoreUnavailableError,
+    TrackingError,
+    TrackingUnavailableError,
+)
+from prefect_conductor.conductor.home import mlflow_artifacts_dir, mlflow_tracking_uri
 
 __all__ = [
     "TrackingError",

@@ -22,12 +22,11 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-
-from conductor.adapters import write_adapter_meta
-from conductor.data.datasets import Example
-from conductor.plan.prompts import conductor_messages
-from conductor.pool import Pool
-from conductor.training.config import (
+from prefect_conductor.conductor.adapters import write_adapter_meta
+from prefect_conductor.conductor.data.datasets import Example
+from prefect_conductor.conductor.plan.prompts import conductor_messages
+from prefect_conductor.conductor.pool import Pool
+from prefect_conductor.conductor.training.config import (
     TrainConductorRequest,
     grpo_config,
     load_trainable_base,
@@ -35,8 +34,8 @@ from conductor.training.config import (
     sft_config,
     should_promote,
 )
-from conductor.training.rewards import ExecutedPlanReward, TokenCostPenalty
-from tasks.tracking import (
+from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, TokenCostPenalty
+from prefect_conductor.tasks.tracking import (
     finish_run,
     mlflow_experiment,
     model_version_by_alias,
@@ -244,8 +243,8 @@ def grpo_train(
         reward_funcs.append(TokenCostPenalty(plan_reward))
         weights.append(request.token_penalty_weight)
     if request.orchrm_weight:
-        from reward_model.model import CHAMPION
-        from reward_model.rewards import OrchRMReward
+        from prefect_conductor.reward_model.model import CHAMPION
+        from prefect_conductor.reward_model.rewards import OrchRMReward
 
         reward_funcs.append(OrchRMReward(request.orchrm or CHAMPION, pool))
         weights.append(request.orchrm_weight)

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-
-from conductor.data.datasets import Example
-from conductor.data.verify import reward, verify
+from prefect_conductor.conductor.data.datasets import Example
+from prefect_conductor.conductor.data.verify import reward, verify
 
 __all__ = ["Verification", "verify_answer"]
 

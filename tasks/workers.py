@@ -17,15 +17,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE, CachePolicy
 from prefect.context import TaskRunContext
 from prefect.tasks import exponential_backoff
+from prefect_conductor.conductor.data.records import StepRecord, utcnow
+from prefect_conductor.conductor.errors import WorkerError
+from prefect_conductor.conductor.plan.prompts import worker_messages
+from prefect_conductor.conductor.plan.workflow import Step
+from prefect_conductor.conductor.pool import Pool, WorkerSpec
+from prefect_conductor.conductor.providers.llm import Completion, complete
+from prefect_conductor.conductor.providers.tools import SANDBOXED_MODELS
 from pydantic import BaseModel, ConfigDict
-
-from conductor.data.records import StepRecord, utcnow
-from conductor.errors import WorkerError
-from conductor.plan.prompts import worker_messages
-from conductor.plan.workflow import Step
-from conductor.pool import Pool, WorkerSpec
-from conductor.providers.llm import Completion, complete
-from conductor.providers.tools import SANDBOXED_MODELS
 
 __all__ = ["StepOutcome", "run_step", "step_messages", "step_run_name", "step_task_for"]
 

@@ -49,7 +49,7 @@ def prefect():
     """One Prefect test harness (temporary database, ephemeral server) for the session."""
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.runtime import STARTUP_TIMEOUT_S, local_run_settings
+    from prefect_conductor.runtime.server import STARTUP_TIMEOUT_S, local_run_settings
 
     # The product's own generous wait: a loaded CI machine is slow, not broken (issue #17).
     with prefect_test_harness(server_startup_timeout=STARTUP_TIMEOUT_S), local_run_settings():
@@ -67,9 +67,8 @@ def fake_provider():
 def tiny_base(tmp_path_factory) -> Path:
     """A tiny random Llama with the SmolLM2 tokenizer, saved as an HF model directory."""
     import torch
+    from prefect_conductor.conductor.providers.local_model import tokenizer_from_gguf
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from conductor.providers.local_model import tokenizer_from_gguf
 
     tokenizer = tokenizer_from_gguf()
     torch.manual_seed(0)

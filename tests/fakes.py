@@ -25,8 +25,7 @@ from typing import Any
 
 from litellm import CustomLLM, ModelResponse
 from litellm.types.utils import Choices, Message, Usage
-
-from conductor.providers._litellm import litellm
+from prefect_conductor.conductor.providers._litellm import litellm
 
 CALLS: Counter[str] = Counter()
 PLANS: dict[str, str] = {"top": "", "nested": ""}

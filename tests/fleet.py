@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 READY_S = 180  # a serve process's start on a loaded 2-core machine
 
 CLI = (
-    "import sys; from flows.quiet import offline_defaults; offline_defaults(); "
+    "import sys; from prefect_conductor.runtime.quiet import offline_defaults; offline_defaults(); "
     "from tests.fakes import register_fake_provider; register_fake_provider(); "
-    "from flows.cli import main; sys.argv = ['conductor', *sys.argv[1:]]; main()"
+    "from prefect_conductor.cli.app import main; sys.argv = ['conductor', *sys.argv[1:]]; main()"
 )
 
 
@@ -89,7 +89,7 @@ def tagged_rows(host: dict[str, Any], tag: str, value: str) -> list[dict[str, An
         host,
         f"""
         import json, os
-        from conductor.data.store import ArtifactStore
+        from prefect_conductor.conductor.data.store import ArtifactStore
 
         runs = ArtifactStore(os.environ["CONDUCTOR_ARTIFACTS"]).read_pandas("runs")
         rows = []
@@ -138,7 +138,9 @@ class Serve:
                 cwd=home,
                 start_new_session=True,
             )
-        self.id = f"{socket.gethostname()}-{self.process.pid}"  # flows.fanout.worker_id
+        self.id = (
+            f"{socket.gethostname()}-{self.process.pid}"  # prefect_conductor.fleet.fanout.worker_id
+        )
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_S

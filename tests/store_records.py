@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
-from conductor.data.records import RunRecord, StepRecord
-from conductor.data.store import ArtifactStore, TableName
+from prefect_conductor.conductor.data.records import RunRecord, StepRecord
+from prefect_conductor.conductor.data.store import ArtifactStore, TableName
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ A conductor reference is a directory, ``models:/conductor@champion`` (or any MLf
 URI: the registered artifacts are downloaded once under ``$CONDUCTOR_HOME/models``), or
 ``embedded`` for the adapter shipped inside this package. ``local/<adapter dir>`` serves it
 through litellm; the local provider keeps one base model in memory for the adapter and for
-the workers that use the base (``conductor.providers.local_model``).
+the workers that use the base (``prefect_conductor.conductor.providers.local_model``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from conductor.errors import ConductorError
-from conductor.home import mlflow_tracking_uri, models_dir
-from conductor.pool import Pool
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.home import mlflow_tracking_uri, models_dir
+from prefect_conductor.conductor.pool import Pool
 
 __all__ = [
     "ADAPTER_META",

@@ -6,6 +6,6 @@
 - ``store``: ``ArtifactStore``, the Parquet dataset (local disk or any pyarrow filesystem).
 
 May import: ``conductor.errors``, ``conductor.home``, ``conductor.question`` and
-``conductor.providers.tools`` (code answers are tested in the sandbox).
+``prefect_conductor.conductor.providers.tools`` (code answers are tested in the sandbox).
 Never ``plan`` or ``training``.
 """

@@ -10,9 +10,8 @@ from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA
-from conductor.errors import StoreError
+from prefect_conductor.conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA
+from prefect_conductor.conductor.errors import StoreError
 
 __all__ = [
     "TABLES",

@@ -47,12 +47,11 @@ from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from prefect_conductor.conductor.data._knowledge import TOPICS
+from prefect_conductor.conductor.data._programs import PROGRAMS
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.question import QuestionError, check_question
 from pydantic import BaseModel, ConfigDict, Field
-
-from conductor.data._knowledge import TOPICS
-from conductor.data._programs import PROGRAMS
-from conductor.errors import ConductorError
-from conductor.question import QuestionError, check_question
 
 __all__ = [
     "ARITHMETIC_SIZES",

@@ -1,4 +1,4 @@
-"""What :class:`~conductor.data.store.ArtifactStore` needs on an object store: an
+"""What :class:`~prefect_conductor.conductor.data.store.ArtifactStore` needs on an object store: an
 ``S3FileSystem`` built from the standard settings, the errors a retry may cure, object names
 that never collide, and the local spool of files that could not be sent.
 
@@ -24,8 +24,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-
-from conductor.home import conductor_home
+from prefect_conductor.conductor.home import conductor_home
 
 __all__ = [
     "HOST",

@@ -1,7 +1,7 @@
 """The intermediate-artifact dataset: Parquet tables ``runs/``, ``steps/`` and ``pairs/`` under
 one root (``pairs`` holds OrchRM's preference pairs, built from the other two).
 
-The root is a local path (default :func:`conductor.home.artifacts_location`), an
+The root is a local path (default :func:`prefect_conductor.conductor.home.artifacts_location`), an
 ``s3://bucket/prefix`` URL (any S3 API: AWS, MinIO, Ceph, moto; endpoint and credentials from
 the standard ``AWS_*`` settings, see :func:`conductor.data.object_store.s3_filesystem`) or any
 other URL that ``pyarrow.fs`` can write. Each :meth:`ArtifactStore.write` adds at most one
@@ -33,7 +33,7 @@ so plain ``pandas.read_parquet``, ``pyarrow.dataset`` and DuckDB
 
 The tables' names, schemas and result types are in :mod:`conductor.data._tables`, the
 compaction lock in :mod:`conductor.data._compaction_lock`, the object-store helpers in
-:mod:`conductor.data.object_store`; this module is the store itself.
+:mod:`prefect_conductor.conductor.data.object_store`; this module is the store itself.
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-
-from conductor.data import _compaction_lock
-from conductor.data._tables import (
+from prefect_conductor.conductor.data import _compaction_lock
+from prefect_conductor.conductor.data._tables import (
     SCHEMAS,
     SORT,
     TABLES,
@@ -63,7 +62,7 @@ from conductor.data._tables import (
     TableName,
     conform_pairs,
 )
-from conductor.data.object_store import (
+from prefect_conductor.conductor.data.object_store import (
     Spool,
     fsync_dir,
     object_name,
@@ -73,9 +72,9 @@ from conductor.data.object_store import (
     transient,
     vanished,
 )
-from conductor.data.records import RunRecord, StepRecord
-from conductor.errors import StoreError, StoreUnavailableError
-from conductor.home import artifacts_location
+from prefect_conductor.conductor.data.records import RunRecord, StepRecord
+from prefect_conductor.conductor.errors import StoreError, StoreUnavailableError
+from prefect_conductor.conductor.home import artifacts_location
 
 if TYPE_CHECKING:  # pyarrow imports pandas itself in to_pandas(); importing it costs 0.6 s
     import pandas as pd

@@ -4,7 +4,7 @@ Answers are model output, so hostile input: every pattern here is linear (no nes
 quantifiers), number search looks at the last ``_TAIL_CHARS`` characters only, and code is
 never executed in this process. ``verify_code`` hands the program to an injected
 ``run_tests(program, tests, entry_point) -> (passed, log)``; the default runs it in the
-subprocess sandbox of ``conductor.providers.tools.sandbox``.
+subprocess sandbox of ``prefect_conductor.conductor.providers.tools.sandbox``.
 
 ``reward`` is the Conductor's outcome reward (arXiv 2512.04388): 0 for an unparseable plan,
 0.5 for a valid plan with a wrong answer, 1 for a correct answer.
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from conductor.data.datasets import DatasetError, Example
-from conductor.errors import ConductorError
+from prefect_conductor.conductor.data.datasets import DatasetError, Example
+from prefect_conductor.conductor.errors import ConductorError
 
 __all__ = [
     "RunTests",
@@ -368,9 +368,9 @@ def sandbox_run_tests(program: str, tests: str, entry_point: str) -> tuple[bool,
     ``SANDBOX_TIMEOUT_S`` per program. Raises ``SandboxUnavailable`` where isolation cannot be
     set up: a wrong verdict would be worse than none."""
     try:  # imported here so this module loads before (or without) the sandbox
-        from conductor.providers.tools.sandbox import run_python_tests
+        from prefect_conductor.conductor.providers.tools.sandbox import run_python_tests
     except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("conductor.providers.tools"):
+        if not (exc.name or "").startswith("prefect_conductor.conductor.providers.tools"):
             raise
         raise ConductorError(
             "verify_code needs the sandbox conductor.providers.tools.sandbox, which is not "

@@ -9,12 +9,12 @@
 
 May import: ``conductor.errors``, ``conductor.pool``, ``conductor.adapters`` and
 ``conductor.providers`` (the policy calls a model). Never ``conductor.data`` or
-``conductor.training``.
+``prefect_conductor.conductor.training``.
 
 ``from conductor.plan import parse_plan`` keeps working: this package re-exports ``parse``.
 """
 
-from conductor.plan.parse import (
+from prefect_conductor.conductor.plan.parse import (
     MAX_INSTRUCTION_CHARS,
     MAX_PLAN_TEXT_CHARS,
     RawPlan,
@@ -22,7 +22,7 @@ from conductor.plan.parse import (
     parse_plan,
     validate_plan,
 )
-from conductor.plan.workflow import Step, Workflow
+from prefect_conductor.conductor.plan.workflow import Step, Workflow
 
 __all__ = [
     "MAX_INSTRUCTION_CHARS",

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
-
-from conductor.errors import PlanError
-from conductor.plan.workflow import Step, Workflow
-from conductor.pool import Pool
+from prefect_conductor.conductor.errors import PlanError
+from prefect_conductor.conductor.plan.workflow import Step, Workflow
+from prefect_conductor.conductor.pool import Pool
 
 __all__ = [
     "MAX_INSTRUCTION_CHARS",

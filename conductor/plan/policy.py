@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from conductor.plan.prompts import conductor_messages
-from conductor.pool import Pool
-from conductor.providers.llm import Completion, complete
+from prefect_conductor.conductor.plan.prompts import conductor_messages
+from prefect_conductor.conductor.pool import Pool
+from prefect_conductor.conductor.providers.llm import Completion, complete
 
 __all__ = ["ConductorPolicy", "LiteLLMPolicy"]
 

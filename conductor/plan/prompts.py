@@ -11,9 +11,14 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
-from conductor.plan.workflow import Workflow
-from conductor.pool import Pool
+from prefect_conductor.conductor.adapters import (
+    EMBEDDED_ADAPTER,
+    embedded_adapter_path,
+    is_adapter_dir,
+    read_adapter,
+)
+from prefect_conductor.conductor.plan.workflow import Workflow
+from prefect_conductor.conductor.pool import Pool
 
 __all__ = [
     "FORMAT_RULES",
@@ -105,7 +110,7 @@ def describe_workers(pool: Pool) -> str:
     """Workers by name with their descriptions, one per line: what OrchRM reads with a plan.
 
     Unlike :func:`describe_pool` the names are shown, because OrchRM's plan documents name
-    their workers (``reward_model.documents.plan_document``).
+    their workers (``prefect_conductor.reward_model.documents.plan_document``).
     """
     return "\n".join(f"{w.name}: {' '.join(w.description.split()) or w.kind}" for w in pool.workers)
 
@@ -152,7 +157,7 @@ def render_plan(workflow: Workflow, pool: Pool) -> str:
     Workers become their ordinal "Model k" numbers in ``pool``; the lists are JSON literals,
     which the parser reads with ``ast.literal_eval``. Used to render warm-start targets.
 
-    >>> from conductor.pool import load_pool
+    >>> from prefect_conductor.conductor.pool import load_pool
     >>> print(render_plan(Workflow.single_step("calculator", "17 + 25"), load_pool()))
     One step is enough: Model 1 does it.
     model_id = [1]

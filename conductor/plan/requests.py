@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from prefect_conductor.conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+from prefect_conductor.conductor.question import QuestionError, check_question
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError
-
-from conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
-from conductor.question import QuestionError, check_question
 
 __all__ = ["EvalRequest", "EvalResult", "OrchestrateRequest", "RunResult", "StrategyText"]
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from conductor.errors import ConductorError
-from conductor.plan.workflow import Step, Workflow
-from conductor.pool import Pool
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.plan.workflow import Step, Workflow
+from prefect_conductor.conductor.pool import Pool
 
 __all__ = [
     "SELF_CONSISTENCY_TEMPERATURE",

@@ -40,7 +40,7 @@ when the leader was a worker thread, against 8.8-9.7 s from the main thread, wit
 system time; an eval where many threads take the lead in turn makes a team per thread. With
 every call on one long-lived thread there is a single team, and the batch takes 7.2-10 s from
 any caller (issue #3, ``benchmarks/local_inference.py``). How many threads that team has is
-:func:`conductor.providers.local_model.torch_threads`.
+:func:`prefect_conductor.conductor.providers.local_model.torch_threads`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
+from prefect_conductor.conductor.providers._prefix_cache import (
+    PrefixCache,
+    cache_kwarg,
+    returned_cache,
+)
 from transformers import (
     GenerationConfig,
     LogitsProcessor,
@@ -64,8 +69,6 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
-
-from conductor.providers._prefix_cache import PrefixCache, cache_kwarg, returned_cache
 
 __all__ = [
     "BatchStats",

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from conductor.errors import WorkerError
-from conductor.pool import _Endpoint
-from conductor.providers._litellm import litellm
+from prefect_conductor.conductor.errors import WorkerError
+from prefect_conductor.conductor.pool import _Endpoint
+from prefect_conductor.conductor.providers._litellm import litellm
 
 __all__ = ["Completion", "complete", "resolve_api_key", "classify_error", "price"]
 
@@ -132,11 +132,11 @@ def price(
 def _ensure_provider(model: str) -> None:
     """Register our own litellm providers the first time one of their models is called."""
     if model.startswith("local/"):
-        from conductor.providers.local_model import register
+        from prefect_conductor.conductor.providers.local_model import register
 
         register()
     elif model.startswith("tool/"):
-        from conductor.providers.tools.provider import register as register_tools
+        from prefect_conductor.conductor.providers.tools.provider import register as register_tools
 
         register_tools()
 

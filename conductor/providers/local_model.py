@@ -41,19 +41,15 @@ from typing import Any
 
 import torch
 from peft import PeftModel
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GgufConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
+from prefect_conductor.conductor.adapters import (
+    EMBEDDED_ADAPTER,
+    embedded_adapter_path,
+    is_adapter_dir,
+    read_adapter,
 )
-from transformers.utils import logging as transformers_logging
-
-from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path, is_adapter_dir, read_adapter
-from conductor.errors import WorkerError
-from conductor.home import model_cache_dir
-from conductor.providers._batching import (
+from prefect_conductor.conductor.errors import WorkerError
+from prefect_conductor.conductor.home import model_cache_dir
+from prefect_conductor.conductor.providers._batching import (
     BatchStats,
     Completion,
     GenerationRequest,
@@ -62,8 +58,16 @@ from conductor.providers._batching import (
     generate_group,
     group_key,
 )
-from conductor.providers._litellm import fill_response, litellm, register_provider
-from conductor.providers._prefix_cache import PrefixCache
+from prefect_conductor.conductor.providers._litellm import fill_response, litellm, register_provider
+from prefect_conductor.conductor.providers._prefix_cache import PrefixCache
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GgufConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as transformers_logging
 
 CustomLLM = litellm.CustomLLM
 ModelResponse = litellm.ModelResponse

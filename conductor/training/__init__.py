@@ -8,10 +8,10 @@
 May import anything else in ``conductor``; nothing in ``conductor`` imports it.
 
 ``from conductor.training import grpo_config`` keeps working: this package re-exports
-``config``. The trainers themselves run in ``tasks.training``.
+``config``. The trainers themselves run in ``prefect_conductor.tasks.training``.
 """
 
-from conductor.training.config import (
+from prefect_conductor.conductor.training.config import (
     LORA_TARGETS,
     TrainConductorRequest,
     TrainConductorResult,

@@ -9,7 +9,7 @@ a form in the Prefect UI) and one config per stage, built here and nowhere else:
   schedule. Where we depart, and why: LoRA (PEFT) instead of full fine-tuning, so the
   learning rate is 5e-5 rather than 1e-6; groups of 4 rollouts rather than 64 and plans of
   at most 128 tokens rather than 1,024, since a step costs tens of seconds on 2 CPU cores;
-  the compact prompt (``conductor.plan.prompts``) for the same reason.
+  the compact prompt (``prefect_conductor.conductor.plan.prompts``) for the same reason.
 
 The trainable base is built from dequantized weights: transformers refuses to train a model
 loaded with ``gguf_file=`` (it is marked GGUF-quantized), so SmolLM2 comes from the local
@@ -21,13 +21,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+from prefect_conductor.conductor.training.rewards import Rollout
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from conductor.plan.requests import OrchestrateRequest
-from conductor.training.rewards import Rollout
-
 if TYPE_CHECKING:
-    from conductor.data.datasets import Example
+    from prefect_conductor.conductor.data.datasets import Example
 
 __all__ = [
     "LORA_TARGETS",
@@ -290,7 +289,7 @@ def grpo_config(
 
 def load_trainable_base(name: str) -> tuple[Any, Any]:
     """The base model (fp32, dense weights) and tokenizer that an adapter trains on."""
-    from conductor.providers.local_model import load_weights
+    from prefect_conductor.conductor.providers.local_model import load_weights
 
     model, tokenizer = load_weights(name)
     if tokenizer.pad_token is None:

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect_conductor.conductor.errors import ConductorError, PlanError
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.plan.prompts import render_plan
+from prefect_conductor.conductor.plan.workflow import Step, Workflow
+from prefect_conductor.conductor.pool import Pool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from conductor.errors import ConductorError, PlanError
-from conductor.plan.parse import parse_plan
-from conductor.plan.prompts import render_plan
-from conductor.plan.workflow import Step, Workflow
-from conductor.pool import Pool
 
 __all__ = ["BUILTIN_HINTS", "HintError", "hint_rotations", "load_hint"]
 

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conductor.errors import PlanError
-from conductor.plan.parse import parse_plan
-from conductor.pool import Pool
+from prefect_conductor.conductor.errors import PlanError
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.pool import Pool
 
 __all__ = [
     "ExecutedPlanReward",
@@ -176,7 +176,7 @@ class TokenCostPenalty:
 def plan_format_reward(pool: Pool, max_steps: int | None = None) -> Callable[..., list[float]]:
     """A text-only reward: 0.5 for a plan that parses and validates against ``pool``, else 0.
 
-    >>> from conductor.pool import load_pool
+    >>> from prefect_conductor.conductor.pool import load_pool
     >>> fmt = plan_format_reward(load_pool())
     >>> fmt([], ["model_id = [1]\\nsubtasks = ['2 + 2']\\naccess_list = [[]]", "4"])
     [0.5, 0.0]

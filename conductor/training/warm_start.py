@@ -21,10 +21,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
-
-from conductor.plan.prompts import conductor_messages, render_plan
-from conductor.plan.workflow import Step, Workflow
-from conductor.pool import Pool
+from prefect_conductor.conductor.plan.prompts import conductor_messages, render_plan
+from prefect_conductor.conductor.plan.workflow import Step, Workflow
+from prefect_conductor.conductor.pool import Pool
 
 __all__ = ["WARM_START_COLUMNS", "warm_start_examples"]
 

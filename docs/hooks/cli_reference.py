@@ -1,7 +1,7 @@
 """mkdocs hook: render the CLI reference from the typer app at build time (issue #16).
 
 ``docs/cli.md`` holds prose and one marker line, ``<!-- cli-reference -->``; this hook replaces
-the marker with every command of ``flows.cli:app`` (walked through
+the marker with every command of ``prefect_conductor.cli.app:app`` (walked through
 ``typer.main.get_command``, the click group the ``conductor`` script runs): its usage line,
 its help text and every option with its type, default and help. Nothing generated is checked
 in, so the page cannot drift from the code; ``tests/integration/test_docs.py`` builds the site and
@@ -67,11 +67,12 @@ def _param_lines(command: Any, ctx: Any) -> list[str]:
 
 
 def render(app: object | None = None) -> str:
-    """Markdown for every command of the typer app (``flows.cli:app`` by default)."""
+    """Markdown for every command of the typer app (``prefect_conductor.cli.app:app`` by
+    default)."""
     import typer
 
     if app is None:
-        from flows.cli import app
+        from prefect_conductor.cli.app import app
     root = typer.main.get_command(app)
     out: list[str] = []
     for command, ctx in _commands(root, _context(root, "conductor")):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from prefect_conductor.conductor.data.store import ArtifactStore
 
-from conductor.data.store import ArtifactStore
 from tests.local_cli import run_cli
 
 pytestmark = pytest.mark.e2e
@@ -41,10 +41,13 @@ def test_quick_start_question_runs_on_the_local_pool(tmp_path):
 def test_shipped_adapter_shares_the_base_and_smol_answers_unchanged(tmp_path, monkeypatch):
     """The default pool's conductor (base + adapter) and ``smol`` (base) share one model."""
     import litellm
-
-    from conductor.plan.prompts import conductor_messages, prompt_style
-    from conductor.pool import load_pool
-    from conductor.providers.local_model import SMOLLM2, LocalModelRegistry, register
+    from prefect_conductor.conductor.plan.prompts import conductor_messages, prompt_style
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.conductor.providers.local_model import (
+        SMOLLM2,
+        LocalModelRegistry,
+        register,
+    )
 
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
     register()
@@ -85,8 +88,8 @@ ROUTED = [
 def test_the_shipped_conductor_routes_each_kind_of_question_to_its_worker(tmp_path):
     """Issue #18: a capital goes to ``smol``, a program to ``python``, an expression to the
     calculator, each answered right, in one eval with the real model (one process, one load)."""
-    from conductor.data.datasets import Example
-    from conductor.data.verify import verify
+    from prefect_conductor.conductor.data.datasets import Example
+    from prefect_conductor.conductor.data.verify import verify
 
     rows = [
         {"id": name, "question": q, "reference": ref, "kind": kind}

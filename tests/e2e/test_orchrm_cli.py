@@ -50,7 +50,7 @@ def test_samples_then_train_rm_then_best_of_n_plan(tmp_path):
     )
     assert picked["n"] == 2 and picked["strategy"] == "best-of-n-plan:2:random-plan"
 
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     runs = ArtifactStore(tmp_path / "home" / "artifacts").read_pandas("runs")
     tags = runs["tags"].map(dict)

@@ -26,8 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.data.store import ArtifactStore
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

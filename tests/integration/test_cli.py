@@ -47,7 +47,7 @@ def conductor(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "prefect_conductor.cli.app", *args],
         cwd=cwd,
         env=env or cli_env(cwd),
         input=stdin,
@@ -137,11 +137,11 @@ def test_temporary_server_writes_to_its_log_not_to_the_terminal(tmp_path):
     """Its shutdown tracebacks (CI saw one) cannot reach the command's stderr or stdout."""
     script = (
         "import os\n"
-        "import flows.runtime\n"
-        "from flows.runtime import start_temporary_server\n"
+        "import prefect_conductor.runtime.server\n"
+        "from prefect_conductor.runtime.server import start_temporary_server\n"
         "from prefect.server.api.server import SubprocessASGIServer\n"
-        "flows.runtime.NEW_DATABASE_NOTICE_S = 0.0  # said at once\n"
-        "flows.runtime.SLOW_START_NOTICE_S = float(os.environ['SLOW_NOTICE'])\n"
+        "prefect_conductor.runtime.server.NEW_DATABASE_NOTICE_S = 0.0  # said at once\n"
+        "prefect_conductor.runtime.server.SLOW_START_NOTICE_S = float(os.environ['SLOW_NOTICE'])\n"
         "start_temporary_server()\n"
         "pid = SubprocessASGIServer().server_process.pid\n"
         "print(os.readlink(f'/proc/{pid}/fd/1'), os.readlink(f'/proc/{pid}/fd/2'))\n"
@@ -200,7 +200,7 @@ def _alive(pid: int) -> bool:
 def test_a_killed_eval_leaves_no_temporary_server_behind(tmp_path, sig):
     """Issue #17 measured the server living on with PPID 1 after `conductor eval` died."""
     cli = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "eval", "--dataset", "arithmetic",
+        [sys.executable, "-m", "prefect_conductor.cli.app", "eval", "--dataset", "arithmetic",
          "--strategy", "single:calculator", "--limit", "200"],
         cwd=tmp_path, env=cli_env(tmp_path),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -413,7 +413,7 @@ def test_worker_output_reaches_the_terminal_escaped_and_json_exact(tmp_path):
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["answer"] == HOSTILE
     assert "\x1b" not in as_json.stdout and "\x1b" not in as_json.stderr
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     runs = ArtifactStore(str(tmp_path / "home" / "artifacts")).read_pandas("runs")
     assert list(runs["answer"]) == [HOSTILE, HOSTILE]

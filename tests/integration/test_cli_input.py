@@ -18,12 +18,12 @@ ADVERSARIAL = "model_id = [0 # '{}\n]\nsubtasks = ['x']\naccess_list = [[]]"
 
 
 def run_cli(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m flows.cli ARGS`` from this tree, with a fresh home and no Prefect server."""
+    """``python -m prefect_conductor.cli.app ARGS`` from this tree, with a fresh home and no Prefect server."""
     env = {**os.environ, "CONDUCTOR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
     env.pop("PREFECT_API_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "prefect_conductor.cli.app", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,

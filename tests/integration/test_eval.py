@@ -6,9 +6,9 @@ import json
 
 import pytest
 import yaml
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.requests import EvalRequest
 
-from conductor.data.store import ArtifactStore
-from conductor.plan.requests import EvalRequest
 from tests.fakes import ANSWERS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
@@ -56,7 +56,7 @@ def setup(tmp_path, monkeypatch):
 
 
 def _eval(data, pool, tmp_path, strategy):
-    from flows.evaluate import evaluate
+    from prefect_conductor.flows.evaluate import evaluate
 
     return evaluate(
         EvalRequest(
@@ -143,9 +143,8 @@ def test_strategies_share_one_experiment_and_conductor_reports_format_validity(s
 def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatch):
     """A 503 from a busy server (seen under load) retries the question; nothing is lost."""
     import httpx
+    import prefect_conductor.flows.best_of_n as ev  # eval_question lives there and calls run_unstored
     from prefect.exceptions import PrefectHTTPStatusError
-
-    import flows.best_of_n as ev  # eval_question lives there and calls run_unstored
 
     data, pool, tmp_path = setup
     real = ev.run_unstored
@@ -170,7 +169,7 @@ def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatc
 
 
 def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypatch):
-    import flows.best_of_n as ev
+    import prefect_conductor.flows.best_of_n as ev
 
     data, pool, tmp_path = setup
     calls: list[str] = []
@@ -186,21 +185,20 @@ def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypa
 
 
 def test_eval_shows_its_name_progress_summary_and_result_in_prefect(setup, capsys, monkeypatch):
+    import prefect_conductor.tasks.artifacts
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    import tasks.artifacts
-    from flows.evaluate import evaluate
+    from prefect_conductor.flows.evaluate import evaluate
 
     data, pool, tmp_path = setup
     shown: list[float] = []
-    real_update = tasks.artifacts.update_progress_artifact
+    real_update = prefect_conductor.tasks.artifacts.update_progress_artifact
 
     def update(artifact_id, progress, **kw):
         shown.append(progress)
         return real_update(artifact_id, progress, **kw)
 
-    monkeypatch.setattr(tasks.artifacts, "update_progress_artifact", update)
+    monkeypatch.setattr(prefect_conductor.tasks.artifacts, "update_progress_artifact", update)
     state = evaluate(
         EvalRequest(
             dataset=str(data),
@@ -249,9 +247,8 @@ def test_an_mlflow_outage_keeps_the_runs_and_the_summary(setup, monkeypatch):
 
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    from conductor.errors import TrackingUnavailableError
-    from flows.evaluate import evaluate
+    from prefect_conductor.conductor.errors import TrackingUnavailableError
+    from prefect_conductor.flows.evaluate import evaluate
 
     data, pool, tmp_path = setup
     with socket.socket() as s:  # a port nothing listens on

@@ -7,12 +7,12 @@ import json
 import time
 
 import httpx
+import prefect_conductor.tasks.artifacts
 import pytest
+from prefect_conductor.conductor.data.records import RunRecord, StepRecord
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.requests import EvalRequest
 
-import tasks.artifacts
-from conductor.data.records import RunRecord, StepRecord
-from conductor.data.store import ArtifactStore
-from conductor.plan.requests import EvalRequest
 from tests.integration.test_eval import _eval, setup  # noqa: F401 - a fixture, used by name
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
@@ -58,8 +58,10 @@ def _task_runs(flow_run_id, expected: set[str], timeout_s: float = 60.0) -> dict
 
 def test_an_eval_writes_one_part_per_batch_and_one_row_per_question(request, monkeypatch):
     data, pool, tmp_path = _setup(request)
-    monkeypatch.setattr(tasks.artifacts, "BATCH_RUNS", 3)
-    monkeypatch.setattr(tasks.artifacts, "BATCH_WAIT_S", 3600.0)  # only the size decides
+    monkeypatch.setattr(prefect_conductor.tasks.artifacts, "BATCH_RUNS", 3)
+    monkeypatch.setattr(
+        prefect_conductor.tasks.artifacts, "BATCH_WAIT_S", 3600.0
+    )  # only the size decides
     result = _eval(data, pool, tmp_path, "single:oracle")
     assert result.n == 4 and result.correct == 3 and result.failed == 0
 
@@ -75,10 +77,9 @@ def test_an_eval_writes_one_part_per_batch_and_one_row_per_question(request, mon
 def test_a_retried_question_keeps_its_run_id_and_adds_no_second_row(request, monkeypatch):
     """The first attempt of q1 ran its plan, then the API failed: the retry runs in the same
     task run (the run id), and only the outcome that came back is stored."""
+    import prefect_conductor.flows.best_of_n as ev
     from prefect.exceptions import PrefectHTTPStatusError
-
-    import flows.best_of_n as ev
-    from flows.evaluate import evaluate
+    from prefect_conductor.flows.evaluate import evaluate
 
     data, pool, tmp_path = _setup(request)
     real, attempts = ev.run_unstored, []
@@ -135,7 +136,7 @@ def test_a_run_batch_stores_a_run_offered_twice_once(tmp_path):
 
     @flow
     def store_twice(root: str) -> int:
-        batch = tasks.artifacts.RunBatch(root, size=10)
+        batch = prefect_conductor.tasks.artifacts.RunBatch(root, size=10)
         batch.add(run, [step])
         batch.add(run, [step])
         return batch.close()
@@ -150,8 +151,7 @@ def test_a_run_batch_stores_a_run_offered_twice_once(tmp_path):
 def test_an_eval_shows_its_runs_in_one_table_and_its_questions_as_task_runs(request):
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    from flows.evaluate import evaluate
+    from prefect_conductor.flows.evaluate import evaluate
 
     data, pool, tmp_path = _setup(request)
     state = evaluate(_request(data, pool, tmp_path), return_state=True)
@@ -181,8 +181,8 @@ def test_an_eval_shows_its_runs_in_one_table_and_its_questions_as_task_runs(requ
 def test_the_eval_thread_pool_leaves_room_for_steps_at_the_highest_concurrency():
     """Question tasks wait for their steps in the eval's pool: at the highest concurrency
     at least a plan runner's worth of threads stays free for steps (no deadlock)."""
-    from flows.evaluate import MAX_CONCURRENCY, evaluate
-    from flows.orchestrate import TASK_RUNNER_WORKERS
+    from prefect_conductor.flows.evaluate import MAX_CONCURRENCY, evaluate
+    from prefect_conductor.flows.orchestrate import TASK_RUNNER_WORKERS
 
     limit = next(m.le for m in EvalRequest.model_fields["concurrency"].metadata if hasattr(m, "le"))
     assert limit <= MAX_CONCURRENCY

@@ -100,7 +100,7 @@ def test_an_eval_fans_out_over_two_hosts_into_one_store_and_one_mlflow_run(stack
         f"""
         import json
         import mlflow
-        from tasks.tracking import tracking_uri
+        from prefect_conductor.tasks.tracking import tracking_uri
 
         client = mlflow.MlflowClient(tracking_uri())
         experiment = client.get_experiment_by_name("{fanned["mlflow_experiment"]}")
@@ -162,10 +162,10 @@ def test_grpo_rewards_come_from_plans_the_fleet_executed(stack, fleet):
         f"""
         import json
         from prefect import flow
-        from conductor.training.config import TrainConductorRequest
-        from conductor.training.rewards import ExecutedPlanReward
-        from flows.fanout import Fleet
-        from flows.train_conductor import rollout_executor
+        from prefect_conductor.conductor.training.config import TrainConductorRequest
+        from prefect_conductor.conductor.training.rewards import ExecutedPlanReward
+        from prefect_conductor.fleet.fanout import Fleet
+        from prefect_conductor.flows.train_conductor import rollout_executor
 
         request = TrainConductorRequest(
             dataset="{fleet["data"]}", pool="{fleet["pool"]}", fan_out=True

@@ -25,12 +25,12 @@ def test_run_and_eval_make_no_outbound_connection_attempt(tmp_path):
     env, log = guard(cli_env(tmp_path), tmp_path)
     pool = write_tool_pool(tmp_path)
     run = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", "What is 17 + 25?", "--pool", str(pool)],
+        [sys.executable, "-m", "prefect_conductor.cli.app", "run", "What is 17 + 25?", "--pool", str(pool)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     evaluation = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "eval", "--dataset", "arithmetic",
+        [sys.executable, "-m", "prefect_conductor.cli.app", "eval", "--dataset", "arithmetic",
          "--strategy", "single:calculator", "--limit", "2", "--json"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

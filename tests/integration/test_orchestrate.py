@@ -14,10 +14,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from prefect_conductor.conductor.data.records import StepRecord
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
 
-from conductor.data.records import StepRecord
-from conductor.data.store import ArtifactStore
-from conductor.plan.requests import OrchestrateRequest, RunResult
 from tests.fakes import ANSWERS, CALLS, PLAN_PROMPTS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
@@ -41,7 +41,7 @@ def make_pool(tmp_path: Path, workers: list[dict], **extra) -> str:
 def run(
     question: str, pool: str, tmp_path: Path, plan: str, nested: str = "", **kw
 ) -> tuple[RunResult, list[StepRecord], str | None]:
-    from flows.orchestrate import orchestrate
+    from prefect_conductor.flows.orchestrate import orchestrate
 
     PLANS["top"], PLANS["nested"] = plan, nested
     root = str(tmp_path / "artifacts")
@@ -321,7 +321,7 @@ def test_recursion_depth_cap_is_enforced(tmp_path):
 
 def test_two_flows_at_once_write_without_loss(tmp_path):
     pool = make_pool(tmp_path, [{"name": "slow", "model": "fake/sleep-0.2"}])
-    from flows.orchestrate import orchestrate
+    from prefect_conductor.flows.orchestrate import orchestrate
 
     PLANS["top"] = 'model_id=[0, 0]\nsubtasks=["a", "b"]\naccess_list=[[], [0]]'
     root = str(tmp_path / "shared")
@@ -403,9 +403,8 @@ def test_api_key_from_env_never_reaches_artifacts(tmp_path, monkeypatch):
 
 
 def test_api_key_from_a_prefect_secret_block_is_used_and_never_stored(tmp_path, monkeypatch):
+    import prefect_conductor.conductor.providers.llm as llm
     from prefect.blocks.system import Secret
-
-    import conductor.providers.llm as llm
 
     secret = "sk-block-secret-777"
     Secret(value=secret).save("conductor-test-key", overwrite=True)
@@ -443,9 +442,9 @@ def test_missing_api_key_env_fails_the_step_with_one_line(tmp_path, monkeypatch)
 def test_task_runs_are_named_after_their_step_and_worker(tmp_path):
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect_conductor.flows.orchestrate import orchestrate
 
-    from flows.orchestrate import orchestrate
-    from flows.runtime import wait_until_recorded
+    from prefect_conductor.runtime.server import wait_until_recorded
 
     pool = make_pool(
         tmp_path,
@@ -517,8 +516,7 @@ with get_client(sync_client=True) as client:
 
 def test_the_result_is_persisted_and_read_back_through_the_api_by_another_process(tmp_path):
     from prefect.settings import PREFECT_API_URL
-
-    from flows.orchestrate import orchestrate
+    from prefect_conductor.flows.orchestrate import orchestrate
 
     pool = _oracle_pool(tmp_path)
     root = str(tmp_path / "artifacts")
@@ -561,7 +559,7 @@ def test_the_result_is_persisted_and_read_back_through_the_api_by_another_proces
 
 
 def test_the_answer_is_an_artifact_and_a_log_line_and_the_plan_renders(tmp_path):
-    from flows.orchestrate import orchestrate
+    from prefect_conductor.flows.orchestrate import orchestrate
 
     pool = _oracle_pool(tmp_path)
     PLANS["top"] = 'model_id = [0]\nsubtasks = ["What is 6 * 7?"]\naccess_list = [[]]'
@@ -592,7 +590,7 @@ def test_the_answer_is_an_artifact_and_a_log_line_and_the_plan_renders(tmp_path)
 
 
 def test_a_failed_run_shows_its_reason_in_the_answer_artifact_and_log(tmp_path):
-    from flows.orchestrate import orchestrate
+    from prefect_conductor.flows.orchestrate import orchestrate
 
     pool = _oracle_pool(tmp_path)
     state = orchestrate(

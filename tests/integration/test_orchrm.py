@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.requests import EvalRequest, OrchestrateRequest
+from prefect_conductor.reward_model.model import RewardModelRequest, load_reward_model
 from safetensors.torch import load_file
 
-from conductor.data.store import ArtifactStore
-from conductor.plan.requests import EvalRequest, OrchestrateRequest
-from reward_model.model import RewardModelRequest, load_reward_model
 from tests.fakes import ANSWERS
 from tests.local_cli import run_cli
 
@@ -36,8 +36,8 @@ def world(tmp_path_factory, tiny_base):
     """A home with stored random-plan runs (4 samples per question) and a trained OrchRM."""
     import os
 
-    from flows.evaluate import evaluate
-    from flows.train_reward_model import train_reward_model
+    from prefect_conductor.flows.evaluate import evaluate
+    from prefect_conductor.flows.train_reward_model import train_reward_model
 
     root = tmp_path_factory.mktemp("orchrm")
     saved = {k: os.environ.get(k) for k in ("CONDUCTOR_HOME", "MLFLOW_TRACKING_URI")}
@@ -79,7 +79,7 @@ def world(tmp_path_factory, tiny_base):
         )
     )
     # A split seed that holds out some of the six questions, not all.
-    from reward_model.pairs import split_of
+    from prefect_conductor.reward_model.pairs import split_of
 
     seed = next(
         s
@@ -122,8 +122,7 @@ def test_samples_store_k_runs_per_question_tagged_and_report_pass_at_k(world):
 
 def test_train_rm_stores_pairs_tracks_registers_and_changes_weights(world):
     import mlflow
-
-    from tasks.tracking import tracking_uri
+    from prefect_conductor.tasks.tracking import tracking_uri
 
     trained = world["trained"]
     assert trained.trained, trained.message
@@ -154,7 +153,7 @@ def test_train_rm_stores_pairs_tracks_registers_and_changes_weights(world):
 
 
 def test_train_rm_without_enough_new_pairs_trains_nothing(world):
-    from flows.train_reward_model import train_reward_model
+    from prefect_conductor.flows.train_reward_model import train_reward_model
 
     again = train_reward_model(world["request"])
     assert not again.trained and again.run_id is None and again.pairs_new == 0
@@ -163,9 +162,8 @@ def test_train_rm_without_enough_new_pairs_trains_nothing(world):
 
 def test_a_worse_candidate_is_not_promoted(world):
     import mlflow
-
-    from tasks.reward_model import register_reward_model, start_rm_run
-    from tasks.tracking import tracking_uri
+    from prefect_conductor.tasks.reward_model import register_reward_model, start_rm_run
+    from prefect_conductor.tasks.tracking import tracking_uri
 
     trained = world["trained"]
     run_id = start_rm_run.fn(world["request"], {})
@@ -211,7 +209,7 @@ def _runs_of(selection_id: str):
 
 
 def test_best_of_n_runs_all_candidates_and_picks_the_top_score(world):
-    from flows.best_of_n import best_of_n
+    from prefect_conductor.flows.best_of_n import best_of_n
 
     result = best_of_n(
         OrchestrateRequest(
@@ -236,7 +234,7 @@ def test_best_of_n_runs_all_candidates_and_picks_the_top_score(world):
 
 
 def test_best_of_n_plan_scores_before_running_and_runs_exactly_one_plan(world):
-    from flows.best_of_n import best_of_n
+    from prefect_conductor.flows.best_of_n import best_of_n
 
     result = best_of_n(
         OrchestrateRequest(
@@ -261,7 +259,7 @@ def test_best_of_n_plan_scores_before_running_and_runs_exactly_one_plan(world):
 
 
 def test_eval_best_of_n_reports_baselines_on_the_same_candidates(world):
-    from flows.evaluate import evaluate
+    from prefect_conductor.flows.evaluate import evaluate
 
     result = evaluate(
         EvalRequest(
@@ -288,9 +286,9 @@ def test_eval_best_of_n_reports_baselines_on_the_same_candidates(world):
 
 
 def test_orchrm_reward_scores_the_plan_each_completion_writes(world):
-    from conductor.plan.prompts import describe_workers
-    from conductor.pool import load_pool
-    from reward_model.rewards import OrchRMReward
+    from prefect_conductor.conductor.plan.prompts import describe_workers
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.reward_model.rewards import OrchRMReward
 
     pool = load_pool(world["pool"])
     reward = OrchRMReward(world["trained"].model_dir, pool)
@@ -311,8 +309,8 @@ def test_orchrm_reward_scores_the_plan_each_completion_writes(world):
 
 
 def test_pairs_can_be_limited_to_one_split(world):
-    from conductor.pool import load_pool
-    from tasks.reward_model import build_reward_pairs
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.tasks.reward_model import build_reward_pairs
 
     pool = load_pool(world["pool"])
     every = build_reward_pairs.fn(world["request"], pool, "x")
@@ -361,9 +359,9 @@ def test_cli_best_of_n_without_a_reward_model_is_one_line_exit_2(tmp_path):
 
 
 def test_orchrm_reward_function_uses_the_champion(world):
-    from conductor.plan.prompts import describe_workers
-    from conductor.pool import load_pool
-    from reward_model.rewards import orchrm_reward
+    from prefect_conductor.conductor.plan.prompts import describe_workers
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.reward_model.rewards import orchrm_reward
 
     (score,) = orchrm_reward(["p"], ["no plan at all"], question=["What is 2 + 3?"])
     rm = load_reward_model(world["trained"].model_dir)  # the champion of this home

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conductor.providers._litellm import litellm
-from conductor.providers.tools import ToolError, run_python, run_python_tests
-from conductor.providers.tools.provider import register, run_tool
-from conductor.providers.tools.sandbox import TRUNCATED
+from prefect_conductor.conductor.providers._litellm import litellm
+from prefect_conductor.conductor.providers.tools import ToolError, run_python, run_python_tests
+from prefect_conductor.conductor.providers.tools.provider import register, run_tool
+from prefect_conductor.conductor.providers.tools.sandbox import TRUNCATED
 
 # --- run_python -------------------------------------------------------------------------------
 
@@ -190,7 +189,7 @@ def test_python_runs_code_from_earlier_answer(tools: None) -> None:
 
 def test_python_runs_the_program_of_the_shared_question(tools: None) -> None:
     """A plan's subtask may name the question's program instead of copying it (issue #18)."""
-    from conductor.plan.prompts import worker_messages
+    from prefect_conductor.conductor.plan.prompts import worker_messages
 
     question = "What does this program print?\n```python\nprint(sum(range(5)))\n```"
     asked = worker_messages(question, "Run the program in the question.", [])

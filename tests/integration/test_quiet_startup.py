@@ -1,4 +1,4 @@
-"""The quiet settings of ``flows.quiet`` reach each library (issue #10): in a fresh interpreter,
+"""The quiet settings of ``prefect_conductor.runtime.quiet`` reach each library (issue #10): in a fresh interpreter,
 as the CLI sets them at start, Prefect, MLflow and tqdm each read them once. The settings
 themselves are ``tests/unit/test_quiet.py``."""
 
@@ -14,7 +14,7 @@ def test_the_settings_reach_prefect_mlflow_and_tqdm():
     """In a fresh interpreter, as the CLI sets them: each library reads them once."""
     code = """
 import logging, sys
-from flows.quiet import progress_bars_off, quiet_third_party_notices
+from prefect_conductor.runtime.quiet import progress_bars_off, quiet_third_party_notices
 quiet_third_party_notices()
 progress_bars_off()
 import mlflow, tqdm

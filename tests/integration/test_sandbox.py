@@ -21,16 +21,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from conductor.data.records import STEPS_SCHEMA, StepRecord
-from conductor.data.store import ArtifactStore
-from conductor.errors import PoolConfigError, WorkerError
-from conductor.plan.workflow import Step
-from conductor.pool import WorkerSpec, pool_from_dict
-from conductor.providers.llm import complete
-from conductor.providers.tools import ToolError
-from conductor.providers.tools.provider import run_tool
-from conductor.providers.tools.sandbox import (
+from prefect_conductor.conductor.data.records import STEPS_SCHEMA, StepRecord
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.errors import PoolConfigError, WorkerError
+from prefect_conductor.conductor.plan.workflow import Step
+from prefect_conductor.conductor.pool import WorkerSpec, pool_from_dict
+from prefect_conductor.conductor.providers.llm import complete
+from prefect_conductor.conductor.providers.tools import ToolError
+from prefect_conductor.conductor.providers.tools.provider import run_tool
+from prefect_conductor.conductor.providers.tools.sandbox import (
     HELPER_ENV,
     SandboxUnavailable,
     run_python_tests,
@@ -361,9 +360,7 @@ def test_disabled_user_namespaces_fail_closed(tmp_path: Path) -> None:
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.skip("util-linux unshare is not installed: cannot disable user namespaces here")
-    script = (
-        "from conductor.providers.tools.sandbox import run_sandboxed\nrun_sandboxed('print(1)')\n"
-    )
+    script = "from prefect_conductor.conductor.providers.tools.sandbox import run_sandboxed\nrun_sandboxed('print(1)')\n"
     shell = f'echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -c "$0"'
     probe = subprocess.run(
         [unshare, "--user", "--map-root-user", "sh", "-c", shell, script],
@@ -381,7 +378,7 @@ def test_disabled_user_namespaces_fail_closed(tmp_path: Path) -> None:
 
 
 def test_process_mode_warns_every_run(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="conductor.providers.tools.sandbox"):
+    with caplog.at_level("WARNING", logger="prefect_conductor.conductor.providers.tools.sandbox"):
         first = run_sandboxed("import os; print(os.getpid())", mode="process")
         run_sandboxed("print(2)", mode="process")
         run_sandboxed("print(3)")
@@ -401,7 +398,7 @@ def test_pool_sandbox_setting_is_validated() -> None:
 
 @pytest.mark.parametrize("mode", ["isolated", "process"])
 def test_step_records_the_sandbox_mode(mode: str) -> None:
-    from tasks.workers import run_step
+    from prefect_conductor.tasks.workers import run_step
 
     pool = pool_from_dict(
         {
@@ -459,7 +456,7 @@ def test_an_engine_interpreter_under_tmp_is_isolated_too(tmp_path: Path) -> None
     repo = Path(__file__).resolve().parents[2]
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{repo}:{sysconfig.get_path('purelib')}"}
     probe = (
-        "from conductor.providers.tools.sandbox import run_python\n"
+        "from prefect_conductor.conductor.providers.tools.sandbox import run_python\n"
         "r = run_python('import os, sys; print(sys.prefix, os.getpid(), len(os.listdir(\"/tmp\")))')\n"
         "print(r.stdout.strip(), r.returncode)\n"
     )
@@ -481,7 +478,7 @@ if libc.syscall(250, 1, b"conductor-test-session") <= 0:  # a session keyring, a
     print(json.dumps({"skip": f"no session keyring here (errno {ctypes.get_errno()})"}))
     sys.exit()
 key = libc.syscall(248, b"user", b"rt-secret", b"TOPSECRET-PAYLOAD", 17, -3)
-from conductor.providers.tools.sandbox import run_sandboxed
+from prefect_conductor.conductor.providers.tools.sandbox import run_sandboxed
 result = run_sandboxed(sys.stdin.read().replace("KEY", str(key)))
 buf = ctypes.create_string_buffer(64)
 libc.syscall(250, 11, key, buf, 64)  # KEYCTL_READ: still ours, not revoked
@@ -545,7 +542,7 @@ def test_shared_memory_stays_within_the_bound(cgroup: str, monkeypatch: pytest.M
     """40 memfds of 10 MB each with memory_mb=128: RLIMIT_AS does not count their pages. The
     memory cgroup charges them (the program is killed at its limit); without one, seccomp
     refuses memfd_create."""
-    from conductor.providers.tools._sandbox_cgroup import CGROUP_ENV, memory_bound
+    from prefect_conductor.conductor.providers.tools._sandbox_cgroup import CGROUP_ENV, memory_bound
 
     monkeypatch.setenv(CGROUP_ENV, cgroup)
     bound = memory_bound()
@@ -560,7 +557,7 @@ def test_shared_memory_stays_within_the_bound(cgroup: str, monkeypatch: pytest.M
 
 
 def test_the_run_leaves_no_memory_cgroup_behind() -> None:
-    from conductor.providers.tools import _sandbox_cgroup
+    from prefect_conductor.conductor.providers.tools import _sandbox_cgroup
 
     own = _sandbox_cgroup._own_memory_group()
     if own is None or _sandbox_cgroup.memory_bound() == "seccomp":
@@ -590,7 +587,10 @@ print(box[0], subprocess.run(["echo", "child"], capture_output=True, text=True).
 
 
 def test_seccomp_filter_refuses_shared_memory_only_without_a_cgroup() -> None:
-    from conductor.providers.tools._sandbox_init import _NS_SYSCALLS, _ns_seccomp_program
+    from prefect_conductor.conductor.providers.tools._sandbox_init import (
+        _NS_SYSCALLS,
+        _ns_seccomp_program,
+    )
 
     memfd = _NS_SYSCALLS["x86_64"]["shm"]["memfd_create"]
     refused = {

@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 import yaml
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.requests import EvalRequest
+from prefect_conductor.conductor.providers.tools.sandbox import HELPER_ENV, run_sandboxed
 
-from conductor.data.store import ArtifactStore
-from conductor.plan.requests import EvalRequest
-from conductor.providers.tools.sandbox import HELPER_ENV, run_sandboxed
 from tests.integration.test_cli import assert_clean, cli_env, conductor
 
 CANARY = "canary-eval-51d2"
@@ -110,7 +110,7 @@ def hostile_eval(tmp_path, monkeypatch):
 def test_hostile_programs_through_eval(hostile_eval, tmp_path):
     import time
 
-    from flows.evaluate import evaluate
+    from prefect_conductor.flows.evaluate import evaluate
 
     data, pool, art, listener, sentinel, values = hostile_eval
     request = EvalRequest(dataset=str(data), strategy="single:python", pool=str(pool),

@@ -16,7 +16,14 @@ def test_train_conductor_with_a_bad_hint_file_fails_in_one_line_before_training(
     bad = tmp_path / "hints.yaml"
     bad.write_text(yaml.safe_dump({"examples": [{"question": "q", "steps": [{"worker": "gpt9"}]}]}))
     out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "train-conductor", "--self-sample-hints", str(bad)],
+        [
+            sys.executable,
+            "-m",
+            "prefect_conductor.cli.app",
+            "train-conductor",
+            "--self-sample-hints",
+            str(bad),
+        ],
         capture_output=True,
         text=True,
         env=env,

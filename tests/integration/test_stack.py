@@ -123,7 +123,7 @@ def test_a_model_registered_on_one_host_loads_on_another_through_s3(stack):
         import json, tempfile
         from pathlib import Path
         import mlflow
-        from tasks.tracking import mlflow_experiment, register_version, tracking_uri
+        from prefect_conductor.tasks.tracking import mlflow_experiment, register_version, tracking_uri
 
         client = mlflow.MlflowClient(tracking_uri())
         run = client.create_run(mlflow_experiment(client, "train/conductor"), run_name="stack")
@@ -151,8 +151,8 @@ def test_a_model_registered_on_one_host_loads_on_another_through_s3(stack):
         """
         import json, os
         import mlflow
-        from conductor.adapters import download_registered
-        from tasks.tracking import tracking_uri
+        from prefect_conductor.conductor.adapters import download_registered
+        from prefect_conductor.tasks.tracking import tracking_uri
 
         path = download_registered("models:/conductor@champion")
         client = mlflow.MlflowClient(tracking_uri())
@@ -230,8 +230,7 @@ class _LateClient:
 
 def test_two_hosts_creating_the_same_experiment_and_model_both_succeed(stack, tmp_path):
     import mlflow
-
-    from tasks.tracking import mlflow_experiment, register_version
+    from prefect_conductor.tasks.tracking import mlflow_experiment, register_version
 
     client = mlflow.MlflowClient(stack["urls"]["mlflow"])
     winner = client.create_experiment("eval/race")  # the other host, first

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
+from prefect_conductor.conductor.data.store import ArtifactStore
 
-from conductor.data.store import ArtifactStore
 from tests.store_records import REPO, parquet_files
 
 _CHILD = textwrap.dedent(
     """
     import os, sys
-    from conductor.data.records import StepRecord
-    from conductor.data.store import TABLES, ArtifactStore, TableName
+    from prefect_conductor.conductor.data.records import StepRecord
+    from prefect_conductor.conductor.data.store import TABLES, ArtifactStore, TableName
 
     root, mode, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store, tag = ArtifactStore(root), str(os.getpid())

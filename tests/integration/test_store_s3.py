@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from prefect_conductor.conductor.data.store import ArtifactStore, s3_filesystem
+from prefect_conductor.conductor.errors import StoreError, StoreUnavailableError
 
-from conductor.data.store import ArtifactStore, s3_filesystem
-from conductor.errors import StoreError, StoreUnavailableError
 from tests.store_records import (
     REPO,
     make_run,
@@ -155,8 +155,8 @@ def test_round_trip_writes_final_keys_only(s3: S3Server, store: ArtifactStore, r
 _CHILD = textwrap.dedent(
     """
     import os, sys
-    from conductor.data.records import RunRecord, StepRecord
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.records import RunRecord, StepRecord
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     root, mode, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store, tag = ArtifactStore(root), str(os.getpid())

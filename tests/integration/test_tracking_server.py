@@ -22,10 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import prefect_conductor.tasks.tracking
 import pytest
+from prefect_conductor.tasks.tracking import (
+    TrackingUnavailableError,
+    log_eval,
+    wait_for_tracking_server,
+)
 
-import tasks.tracking
-from tasks.tracking import TrackingUnavailableError, log_eval, wait_for_tracking_server
 from tests.clock import FakeClock
 
 WINDOW_S = 120  # far more than the server needs; the test ends as soon as it answers
@@ -41,13 +45,13 @@ def _free_port() -> int:
 def probes(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """What each ``GET /health`` probe found: None when the server answered, else why not."""
     found: list[str | None] = []
-    why_down = tasks.tracking._why_down
+    why_down = prefect_conductor.tasks.tracking._why_down
 
     def probe(url: str, timeout: float) -> str | None:
         found.append(why_down(url, timeout))
         return found[-1]
 
-    monkeypatch.setattr(tasks.tracking, "_why_down", probe)
+    monkeypatch.setattr(prefect_conductor.tasks.tracking, "_why_down", probe)
     return found
 
 
@@ -83,7 +87,7 @@ def _url(server: http.server.HTTPServer) -> str:
 
 def test_a_server_that_answers_is_not_waited_for(health, monkeypatch, probes):
     monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "30")
-    clock = FakeClock().install(monkeypatch, tasks.tracking)
+    clock = FakeClock().install(monkeypatch, prefect_conductor.tasks.tracking)
     wait_for_tracking_server("log", _url(health))
     assert probes == [None] and clock.sleeps == []  # one probe, no wait
     health.status = 404  # any answer but a proxy's 502-504 means it is up (a path prefix)
@@ -92,7 +96,7 @@ def test_a_server_that_answers_is_not_waited_for(health, monkeypatch, probes):
 
 
 def test_a_proxy_answering_503_counts_as_down(health, monkeypatch, probes):
-    clock = FakeClock().install(monkeypatch, tasks.tracking)
+    clock = FakeClock().install(monkeypatch, prefect_conductor.tasks.tracking)
     health.status = 503
     with pytest.raises(TrackingUnavailableError, match=r"retried 0.3 s\): HTTP 503"):
         wait_for_tracking_server("log eval", _url(health), retry_s=0.3)
@@ -123,7 +127,7 @@ def late_server(
     }
     env.pop("MLFLOW_TRACKING_URI", None)
     log = (tmp_path / "mlflow.log").open("wb")
-    why_down = tasks.tracking._why_down
+    why_down = prefect_conductor.tasks.tracking._why_down
 
     def probe(url: str, timeout: float) -> str | None:
         found.append(why_down(url, timeout))
@@ -140,7 +144,7 @@ def late_server(
             )
         return found[-1]
 
-    monkeypatch.setattr(tasks.tracking, "_why_down", probe)
+    monkeypatch.setattr(prefect_conductor.tasks.tracking, "_why_down", probe)
     yield f"http://127.0.0.1:{port}", procs, found
     for proc in procs:
         os.killpg(proc.pid, signal.SIGTERM)

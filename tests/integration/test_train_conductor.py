@@ -18,14 +18,14 @@ import pytest
 import torch
 import yaml
 from prefect import flow
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.plan.requests import EvalRequest
+from prefect_conductor.conductor.pool import load_pool
+from prefect_conductor.conductor.providers.local_model import LocalModelRegistry, register
+from prefect_conductor.conductor.training.config import TrainConductorRequest
+from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rollout
 from safetensors.torch import load_file
 
-from conductor.data.store import ArtifactStore
-from conductor.plan.requests import EvalRequest
-from conductor.pool import load_pool
-from conductor.providers.local_model import LocalModelRegistry, register
-from conductor.training.config import TrainConductorRequest
-from conductor.training.rewards import ExecutedPlanReward, Rollout
 from tests.fakes import ANSWERS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
@@ -100,7 +100,7 @@ def _request(data, pool, tiny_base, **kw) -> TrainConductorRequest:
 
 
 def test_executed_reward_scores_invalid_wrong_and_correct_plans_and_stores_them(setup, tiny_base):
-    from flows.train_conductor import rollout_executor
+    from prefect_conductor.flows.train_conductor import rollout_executor
 
     data, pool, _ = setup
     request = _request(data, pool, tiny_base)
@@ -134,8 +134,8 @@ def test_executed_reward_scores_invalid_wrong_and_correct_plans_and_stores_them(
 def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp_path):
     """Real TRL GRPOTrainer; the tiny model writes no plan, so half of each group's rollouts
     are swapped for a valid plan before they run: rewards differ, advantages are not 0."""
-    from flows.train_conductor import rollout_executor
-    from tasks.training import grpo_train, start_training_run
+    from prefect_conductor.flows.train_conductor import rollout_executor
+    from prefect_conductor.tasks.training import grpo_train, start_training_run
 
     data, pool, _ = setup
     request = _request(data, pool, tiny_base)
@@ -150,7 +150,7 @@ def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp
 
     @flow
     def train():
-        from conductor.data.datasets import load_dataset
+        from prefect_conductor.conductor.data.datasets import load_dataset
 
         run_id = start_training_run(request, {})
         examples = load_dataset(str(data), split="train")
@@ -176,10 +176,9 @@ def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp
 
 def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monkeypatch):
     import mlflow
-
-    from flows.evaluate import evaluate
-    from flows.train_conductor import train_conductor
-    from tasks.tracking import tracking_uri
+    from prefect_conductor.flows.evaluate import evaluate
+    from prefect_conductor.flows.train_conductor import train_conductor
+    from prefect_conductor.tasks.tracking import tracking_uri
 
     data, pool, home = setup
     # Verified-correct runs in the store for the warm start: an eval of one worker.
@@ -199,7 +198,7 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     assert result.incumbent_accuracy == result.accuracy_before
     assert result.promoted == (result.accuracy_after > result.accuracy_before)
     assert result.adapter_uri == "models:/conductor/1"
-    from tasks.training import champion_exists, register_conductor
+    from prefect_conductor.tasks.training import champion_exists, register_conductor
 
     assert champion_exists() == result.promoted
     if not result.promoted:  # promote it the way a better candidate is promoted
@@ -238,7 +237,7 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     assert len(tagged) == 4  # 1 step x batch 4
 
     # The registered adapter serves through the registry reference.
-    from conductor.adapters import resolve_conductor, with_conductor
+    from prefect_conductor.conductor.adapters import resolve_conductor, with_conductor
 
     info = resolve_conductor("models:/conductor@champion")
     assert info.base == str(tiny_base)
@@ -257,8 +256,8 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
 
 
 def test_train_conductor_on_an_empty_store_collects_the_runs_it_needs(setup, tiny_base):
-    from conductor.errors import ConductorError
-    from flows.train_conductor import train_conductor
+    from prefect_conductor.conductor.errors import ConductorError
+    from prefect_conductor.flows.train_conductor import train_conductor
 
     data, pool, _ = setup
     with pytest.raises(ConductorError, match="holds no verified-correct run"):
@@ -279,13 +278,13 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
     """Warm start, one round of self-sampling, no GRPO: the round's plans are sampled by the
     warm-started adapter, run, verified and stored (tagged), a second SFT follows, and with
     eval_stages every stage's conductor is evaluated on the held-out questions."""
-    from flows.train_conductor import train_conductor
+    from prefect_conductor.flows.train_conductor import train_conductor
 
     data, pool, _ = setup
     evaluate_oracle = EvalRequest(
         dataset=str(data), split="train", strategy="single:oracle", pool=str(pool)
     )
-    from flows.evaluate import evaluate
+    from prefect_conductor.flows.evaluate import evaluate
 
     evaluate(evaluate_oracle)
     result = train_conductor(
@@ -333,7 +332,7 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
 def test_an_sft_stage_goes_on_training_the_adapter_it_is_given(setup, tiny_base, tmp_path):
     """An SFT stage given ``init_adapter`` trains that LoRA further (not a new one of the
     request's rank), and its provenance says what it continued."""
-    from tasks.training import start_training_run, warm_start_train
+    from prefect_conductor.tasks.training import start_training_run, warm_start_train
 
     data, pool, _ = setup
     request = _request(data, pool, tiny_base, warm_start_epochs=3)  # warm-up: step 0 has lr 0
@@ -364,8 +363,8 @@ def test_grpo_on_the_mixed_set_stores_tagged_rollouts_of_every_domain(setup, tin
     """The built-in mixed set through GRPO with the tiny model: the four training questions
     (one per domain: every prefix of a split is balanced) are each rolled out, executed on
     the pool and stored, tagged with the run, its step and the dataset (issue #18)."""
-    from conductor.data.datasets import MIXED_DOMAINS, load_dataset
-    from flows.train_conductor import train_conductor
+    from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset
+    from prefect_conductor.flows.train_conductor import train_conductor
 
     _, pool, _ = setup
     result = train_conductor(
@@ -389,9 +388,8 @@ def test_grpo_on_the_mixed_set_stores_tagged_rollouts_of_every_domain(setup, tin
 def test_adapter_shares_the_base_and_the_base_answers_unchanged(setup, tiny_base, tmp_path):
     """One base in memory: the adapter applies for the conductor, not for base workers."""
     from peft import LoraConfig, get_peft_model
-
-    from conductor.adapters import write_adapter_meta
-    from conductor.training.config import load_trainable_base
+    from prefect_conductor.conductor.adapters import write_adapter_meta
+    from prefect_conductor.conductor.training.config import load_trainable_base
 
     messages = [{"role": "user", "content": "Plan: what is 2 + 3?"}]
     ask = dict(messages=messages, max_tokens=8, temperature=0)
@@ -426,7 +424,7 @@ def _cli(*args: str, cwd: Path, timeout: int = 900):
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "train-conductor", *args],
+        [sys.executable, "-m", "prefect_conductor.cli.app", "train-conductor", *args],
         cwd=cwd,
         env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         capture_output=True,
@@ -491,9 +489,9 @@ def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
 def test_init_adapter_is_continued_by_the_warm_start_and_sampled_without_one(setup, tiny_base):
     """``init_adapter`` (the champion of a weekly retraining) is what training goes on from:
     the warm start continues it, and without a warm start the self-sampling rounds sample it."""
-    from flows.evaluate import evaluate
-    from flows.train_conductor import train_conductor
-    from tasks.training import start_training_run, warm_start_train
+    from prefect_conductor.flows.evaluate import evaluate
+    from prefect_conductor.flows.train_conductor import train_conductor
+    from prefect_conductor.tasks.training import start_training_run, warm_start_train
 
     data, pool, _ = setup
     base_request = _request(data, pool, tiny_base)

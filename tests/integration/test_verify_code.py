@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
-from conductor.data.datasets import load_dataset
-from conductor.data.verify import verify, verify_code
+from prefect_conductor.conductor.data.datasets import load_dataset
+from prefect_conductor.conductor.data.verify import verify, verify_code
 
 HE0 = load_dataset("humaneval", limit=1)[0]
 CORRECT_FUNCTION = """from typing import List

@@ -41,10 +41,10 @@ def test_accelerate_reads_it_as_a_multi_gpu_launch():
     assert loaded.distributed_type == DistributedType.MULTI_GPU
     # The command line of docs/training.md, parsed and completed from the file exactly as
     # `accelerate launch` does before it spawns the processes.
-    argv = ["--config_file", str(CONFIG), "-m", "flows.cli", "train-conductor"]
+    argv = ["--config_file", str(CONFIG), "-m", "prefect_conductor.cli.app", "train-conductor"]
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv))
     assert args.multi_gpu and args.num_processes == 2 and args.mixed_precision == "bf16"
-    assert args.module and args.training_script == "flows.cli"
+    assert args.module and args.training_script == "prefect_conductor.cli.app"
     env = prepare_multi_gpu_env(args)
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert args.nproc_per_node == "2"

@@ -1,7 +1,7 @@
 """The help of every command reads like a standard typer/click CLI (issue #10).
 
 Typer 0.29 alone prints ``Usage: conductor run [OPTIONS] {question}`` and ``--json <bool>``;
-``flows.cli_help`` gives the commands click's display. The store summary is aligned lines.
+``prefect_conductor.cli.help`` gives the commands click's display. The store summary is aligned lines.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flows.cli import app
+from prefect_conductor.cli.app import app
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TYPE_TAG = re.compile(r"<(bool|str|int|float|path|file|dir|datetime)>")

@@ -1,4 +1,4 @@
-"""Unit tests for conductor.data.datasets (issues #3, #18): arithmetic, mixed, humaneval and
+"""Unit tests for prefect_conductor.conductor.data.datasets (issues #3, #18): arithmetic, mixed, humaneval and
 file loaders."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from conductor.data.datasets import (
+from prefect_conductor.conductor.data.datasets import (
     ARITHMETIC_SIZES,
     BUILTIN_DATASETS,
     HUMANEVAL_INSTRUCTION,
@@ -26,8 +25,8 @@ from conductor.data.datasets import (
     Example,
     load_dataset,
 )
-from conductor.data.verify import verify
-from conductor.errors import ConductorError
+from prefect_conductor.conductor.data.verify import verify
+from prefect_conductor.conductor.errors import ConductorError
 
 REPO = Path(__file__).resolve().parents[2]
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prefect.flows import load_flow_from_entrypoint
-
-from conductor.plan.requests import EvalRequest
+from prefect_conductor.conductor.plan.requests import EvalRequest
 
 PREFECT_YAML = Path(__file__).resolve().parents[2] / "deployments" / "prefect.yaml"
 
@@ -81,7 +80,7 @@ def test_entrypoint_resolves_and_parameters_validate(deployment):
 
 
 def test_orchestrate_parameters_render_as_a_form():
-    flow = load_flow_from_entrypoint("flows.orchestrate:orchestrate")
+    flow = load_flow_from_entrypoint("prefect_conductor.flows.orchestrate:orchestrate")
     schema = flow.parameters.model_dump()
     request = schema["definitions"]["OrchestrateRequest"]
     assert request["required"] == ["question"]
@@ -101,8 +100,7 @@ def test_train_conductor_deployment_targets_the_gpu_pool():
 
 def test_train_conductor_retrains_weekly_from_the_incumbent():
     from prefect.client.schemas.schedules import CronSchedule
-
-    from conductor.adapters import INCUMBENT
+    from prefect_conductor.conductor.adapters import INCUMBENT
 
     train = {d["name"]: d for d in _deployments()}["train-conductor"]
     (schedule,) = train["schedules"]

@@ -1,10 +1,11 @@
-"""Run ids of requests sent to the fleet (``flows.fanout.fleet_run_id``, issue #19): the same
+"""Run ids of requests sent to the fleet (``prefect_conductor.fleet.fanout.fleet_run_id``, issue #19): the same
 for every send of one request, different for any two requests of one eval or training run."""
 
 from __future__ import annotations
 
-from conductor.plan.requests import OrchestrateRequest
-from flows.fanout import fleet_run_id
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+
+from prefect_conductor.fleet.fanout import fleet_run_id
 
 
 def _request(qid: str = "q1", **tags: str) -> OrchestrateRequest:
@@ -39,7 +40,7 @@ def test_a_serve_process_with_question_storage_but_no_result_storage_is_told():
         temporary_settings,
     )
 
-    from flows.fanout import worker_storage_gap
+    from prefect_conductor.fleet.fanout import worker_storage_gap
 
     block = "s3-bucket/conductor-results"
     with temporary_settings({PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK: block}):

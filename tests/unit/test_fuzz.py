@@ -22,13 +22,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-
-from conductor.errors import ConductorError, PlanError
-from conductor.plan.parse import extract_plan, parse_plan
-from conductor.plan.workflow import Workflow
-from conductor.pool import Pool, pool_from_dict
-from conductor.providers.tools import ToolError
-from conductor.providers.tools.calculator import evaluate, extract_expression
+from prefect_conductor.conductor.errors import ConductorError, PlanError
+from prefect_conductor.conductor.plan.parse import extract_plan, parse_plan
+from prefect_conductor.conductor.plan.workflow import Workflow
+from prefect_conductor.conductor.pool import Pool, pool_from_dict
+from prefect_conductor.conductor.providers.tools import ToolError
+from prefect_conductor.conductor.providers.tools.calculator import evaluate, extract_expression
 
 _EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(

@@ -1,4 +1,4 @@
-"""Hints for verified self-sampling (``conductor.training.hints``, issue #18): worked
+"""Hints for verified self-sampling (``prefect_conductor.conductor.training.hints``, issue #18): worked
 examples rendered for the pool, checked by the engine's parser, and given to the sampling
 conductor only. A bad hint file given to the CLI is
 ``tests/integration/test_self_sample_hints_cli.py``."""
@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from conductor.plan.parse import parse_plan
-from conductor.plan.prompts import conductor_messages
-from conductor.pool import load_pool
-from conductor.training.config import TrainConductorRequest
-from conductor.training.hints import BUILTIN_HINTS, HintError, hint_rotations, load_hint
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.plan.prompts import conductor_messages
+from prefect_conductor.conductor.pool import load_pool
+from prefect_conductor.conductor.training.config import TrainConductorRequest
+from prefect_conductor.conductor.training.hints import (
+    BUILTIN_HINTS,
+    HintError,
+    hint_rotations,
+    load_hint,
+)
 
 POOL = load_pool()
 
@@ -125,8 +129,8 @@ def test_the_hint_goes_after_the_instructions_of_either_prompt_style():
 
 def test_self_sampling_sends_the_hint_and_tags_the_runs(monkeypatch):
     """Only the sampling requests carry the hint; the tags say which file it was."""
-    import flows.train_conductor as tc
-    from conductor.data.datasets import load_dataset
+    import prefect_conductor.flows.train_conductor as tc
+    from prefect_conductor.conductor.data.datasets import load_dataset
 
     sent: list = []
     monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])
@@ -155,8 +159,8 @@ def test_self_sampling_sends_the_hint_and_tags_the_runs(monkeypatch):
 def test_self_sampling_samples_at_its_own_temperature_else_the_grpo_one(monkeypatch):
     """`self_sample_temperature` sets the rounds' sampling temperature only; unset, the
     rounds sample at `temperature` (the GRPO one); the k samples keep distinct seeds."""
-    import flows.train_conductor as tc
-    from conductor.data.datasets import load_dataset
+    import prefect_conductor.flows.train_conductor as tc
+    from prefect_conductor.conductor.data.datasets import load_dataset
 
     sent: list = []
     monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])

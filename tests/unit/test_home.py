@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conductor.home import (
+from prefect_conductor.conductor.home import (
     artifacts_location,
     conductor_home,
     default_home,
@@ -21,7 +20,12 @@ from conductor.home import (
     mlflow_artifacts_dir,
     model_cache_dir,
 )
-from tasks.tracking import experiment_artifact_location, log_eval, mlflow_experiment, tracking_uri
+from prefect_conductor.tasks.tracking import (
+    experiment_artifact_location,
+    log_eval,
+    mlflow_experiment,
+    tracking_uri,
+)
 
 
 def test_the_home_is_absolute_wherever_it_is_read(tmp_path, monkeypatch):

@@ -1,12 +1,11 @@
-"""conductor.providers.llm: one worker call through litellm, its usage and its price."""
+"""prefect_conductor.conductor.providers.llm: one worker call through litellm, its usage and its price."""
 
 from __future__ import annotations
 
 import pytest
-
-from conductor.pool import WorkerSpec
-from conductor.providers._litellm import litellm
-from conductor.providers.llm import complete
+from prefect_conductor.conductor.pool import WorkerSpec
+from prefect_conductor.conductor.providers._litellm import litellm
+from prefect_conductor.conductor.providers.llm import complete
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 

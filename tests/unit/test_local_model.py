@@ -15,12 +15,15 @@ from pathlib import Path
 import litellm
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
-
-from conductor.errors import WorkerError
-from conductor.providers import _batching, local_model
-from conductor.providers._batching import GenerationRequest, MicroBatcher, ModelThread, group_key
-from conductor.providers.local_model import (
+from prefect_conductor.conductor.errors import WorkerError
+from prefect_conductor.conductor.providers import _batching, local_model
+from prefect_conductor.conductor.providers._batching import (
+    GenerationRequest,
+    MicroBatcher,
+    ModelThread,
+    group_key,
+)
+from prefect_conductor.conductor.providers.local_model import (
     SMOLLM2,
     LocalModel,
     LocalModelRegistry,
@@ -29,6 +32,8 @@ from conductor.providers.local_model import (
     register,
     tokenizer_from_gguf,
 )
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
 from tests.clock import FakeClock
 
 TINY = "tiny-test"

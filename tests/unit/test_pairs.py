@@ -1,4 +1,4 @@
-"""reward_model.pairs: OrchRM's win/lose pairs from small synthetic runs and steps tables."""
+"""prefect_conductor.reward_model.pairs: OrchRM's win/lose pairs from small synthetic runs and steps tables."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ from typing import Any
 
 import pandas as pd
 import pytest
-
-from conductor.data.records import RUNS_SCHEMA, STEPS_SCHEMA, RunRecord, StepRecord
-from conductor.data.store import ArtifactStore
-from reward_model.pairs import (
+from prefect_conductor.conductor.data.records import (
+    RUNS_SCHEMA,
+    STEPS_SCHEMA,
+    RunRecord,
+    StepRecord,
+)
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.reward_model.pairs import (
     PAIR_SOURCES,
     PairConfig,
     PairSet,

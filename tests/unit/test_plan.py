@@ -1,4 +1,4 @@
-"""Unit tests for conductor.plan.parse: finding, parsing and validating the conductor's plan."""
+"""Unit tests for prefect_conductor.conductor.plan.parse: finding, parsing and validating the conductor's plan."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import json
 import os
 import random
 
+import prefect_conductor.conductor.plan.parse as plan_mod
 import pytest
-
-import conductor.plan.parse as plan_mod
-from conductor.errors import PlanError
-from conductor.plan.parse import (
+from prefect_conductor.conductor.errors import PlanError
+from prefect_conductor.conductor.plan.parse import (
     MAX_INSTRUCTION_CHARS,
     MAX_PLAN_TEXT_CHARS,
     RawPlan,
@@ -21,7 +20,7 @@ from conductor.plan.parse import (
     parse_plan,
     validate_plan,
 )
-from conductor.pool import Pool, pool_from_dict
+from prefect_conductor.conductor.pool import Pool, pool_from_dict
 
 
 @pytest.fixture(scope="module")

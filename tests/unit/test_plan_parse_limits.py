@@ -5,7 +5,7 @@ budget. A regex does not know comments, so in ``model_id = [0 # '\\'\\'...`` it 
 every quote and read to the end of the line each time: 2.5 s at 20k characters, 31.6 s at
 80k, 53 s for ``conductor validate`` on a 100 KB file.
 
-The tests count work instead of timing it. Every compiled pattern of ``conductor.plan.parse``
+The tests count work instead of timing it. Every compiled pattern of ``prefect_conductor.conductor.plan.parse``
 is wrapped so that a call adds what the regex engine must read: a backtracking engine tries a
 match at each start position in turn, and an attempt that fails has read at least the longest
 prefix from there that a match could begin with (``regex``'s partial matching finds it), plus
@@ -19,12 +19,11 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import prefect_conductor.conductor.plan.parse as plan_mod
 import pytest
 import regex  # partial matching; installed with transformers (its tokenizers use it)
-
-import conductor.plan.parse as plan_mod
-from conductor.errors import PlanError
-from conductor.plan.parse import extract_plan
+from prefect_conductor.conductor.errors import PlanError
+from prefect_conductor.conductor.plan.parse import extract_plan
 
 TAIL = "\nsubtasks = ['x']\naccess_list = [[]]"
 

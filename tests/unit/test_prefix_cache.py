@@ -1,4 +1,4 @@
-"""Prompt-prefix reuse in the local provider (conductor.providers._prefix_cache), on a tiny random Llama
+"""Prompt-prefix reuse in the local provider (prefect_conductor.conductor.providers._prefix_cache), on a tiny random Llama
 with the SmolLM2 tokenizer: the same tokens as a full prefill, less prompt computed."""
 
 import os
@@ -10,6 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from prefect_conductor.conductor.providers._batching import GenerationRequest, generate_group
+from prefect_conductor.conductor.providers._prefix_cache import PrefixCache, cache_kwarg
+from prefect_conductor.conductor.providers.local_model import LocalModel
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -17,10 +20,6 @@ from transformers import (
     LlamaForCausalLM,
     PreTrainedTokenizerBase,
 )
-
-from conductor.providers._batching import GenerationRequest, generate_group
-from conductor.providers._prefix_cache import PrefixCache, cache_kwarg
-from conductor.providers.local_model import LocalModel
 
 SYSTEM = (
     "You are the Conductor. Write a workflow for a team of models: model_id, subtasks and "
@@ -228,10 +227,11 @@ def test_a_local_model_reuses_its_prompts_through_litellm(model, tokenizer) -> N
 
 
 def test_serve_warms_the_conductor_with_its_planning_prompt(model, tokenizer) -> None:
-    from conductor.plan.prompts import conductor_messages
-    from conductor.pool import Pool
-    from conductor.providers.local_model import LocalModelRegistry, register
-    from flows.serve import warm
+    from prefect_conductor.conductor.plan.prompts import conductor_messages
+    from prefect_conductor.conductor.pool import Pool
+    from prefect_conductor.conductor.providers.local_model import LocalModelRegistry, register
+
+    from prefect_conductor.fleet.serve import warm
 
     register()
     served = LocalModelRegistry.put("tiny-conductor", model, tokenizer)
@@ -260,7 +260,7 @@ def test_serve_warms_the_conductor_with_its_planning_prompt(model, tokenizer) ->
     [(None, True), ("1", True), ("yes", True), ("0", False), ("off", False), (" False ", False)],
 )
 def test_conductor_prefix_cache_turns_reuse_off(model, tokenizer, monkeypatch, value, on) -> None:
-    from conductor.providers.local_model import prefix_reuse
+    from prefect_conductor.conductor.providers.local_model import prefix_reuse
 
     if value is None:
         monkeypatch.delenv("CONDUCTOR_PREFIX_CACHE", raising=False)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+from prefect_conductor.conductor.question import QuestionError, check_question
 from pydantic import ValidationError
-
-from conductor.errors import ConductorError
-from conductor.plan.requests import OrchestrateRequest
-from conductor.question import QuestionError, check_question
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,11 @@ from __future__ import annotations
 import logging
 import warnings
 
-from flows.quiet import hide_deprecation_warnings, progress_bars_off, quiet_third_party_notices
+from prefect_conductor.runtime.quiet import (
+    hide_deprecation_warnings,
+    progress_bars_off,
+    quiet_third_party_notices,
+)
 
 
 def test_notices_are_off_by_default_and_a_users_setting_wins():
@@ -40,7 +44,7 @@ def test_deprecations_are_hidden_and_other_warnings_show():
 
 
 def test_the_runs_log_lines_stay_off_the_terminal_unless_verbose(monkeypatch):
-    import flows.quiet as quiet
+    import prefect_conductor.runtime.quiet as quiet
 
     def record(name: str, level: int = logging.INFO) -> logging.LogRecord:
         return logging.LogRecord(
@@ -59,7 +63,7 @@ def test_the_runs_log_lines_stay_off_the_terminal_unless_verbose(monkeypatch):
 
 
 def test_progress_lines_say_each_steps_fate_once():
-    from conductor.plan.workflow import Step, plan_lines, step_line
+    from prefect_conductor.conductor.plan.workflow import Step, plan_lines, step_line
 
     steps = [Step(index=0, worker="calc", instruction="2+2"), Step(index=1, worker="smol",
              instruction="say it", access=(0,))]  # fmt: skip

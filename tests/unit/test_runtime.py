@@ -1,10 +1,10 @@
-"""Settings of the ephemeral Prefect server the CLI starts (flows/runtime.py)."""
+"""Settings of the ephemeral Prefect server the CLI starts (prefect_conductor/runtime/server.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from flows.runtime import _EPHEMERAL_SERVER_ENV
+from prefect_conductor.runtime.server import _EPHEMERAL_SERVER_ENV
 
 
 def test_recorder_flush_interval_is_whole_seconds():
@@ -22,7 +22,7 @@ def test_the_server_command_is_prefects_own(monkeypatch: pytest.MonkeyPatch) -> 
 
     from prefect.server.api import server as prefect_server
 
-    from flows.runtime import _dies_with_this_process, uvicorn_command
+    from prefect_conductor.runtime.server import _dies_with_this_process, uvicorn_command
 
     seen: list[tuple[list[str], dict[str, str]]] = []
 

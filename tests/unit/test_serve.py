@@ -1,4 +1,4 @@
-"""Discovery of a running ``conductor serve`` (flows/serve.py): the client finds it only for
+"""Discovery of a running ``conductor serve`` (prefect_conductor/fleet/serve.py): the client finds it only for
 its own conductor home and Prefect API, and only while that process is alive."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from flows import serve
+from prefect_conductor.fleet import serve
 
 API = "http://127.0.0.1:4200/api"
 
@@ -137,7 +137,7 @@ class _Client:
 
 
 def _request():
-    from conductor.plan.requests import OrchestrateRequest
+    from prefect_conductor.conductor.plan.requests import OrchestrateRequest
 
     return OrchestrateRequest(question="What is 17 + 25?")
 
@@ -234,7 +234,7 @@ def test_submit_says_once_when_the_request_is_not_picked_up(home, monkeypatch, w
     monkeypatch.setattr(
         serve.served_request, "delay", lambda *a: _Future([Completed()], _run_result())
     )
-    with caplog.at_level("WARNING", logger="conductor.serve"):
+    with caplog.at_level("WARNING", logger="prefect_conductor.serve"):
         assert serve.submit(_request(), serve.Served(os.getpid(), API, 0.0)).answer == "42"
     notices = [r.getMessage() for r in caplog.records if "has not started" in r.getMessage()]
     assert len(notices) == 1 and f"pid {os.getpid()}" in notices[0]

@@ -19,10 +19,10 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from prefect_conductor.conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.errors import StoreError
 
-from conductor.data.records import PAIRS_SCHEMA, RUNS_SCHEMA, STEPS_SCHEMA
-from conductor.data.store import ArtifactStore
-from conductor.errors import StoreError
 from tests.store_records import T0, make_run, make_steps, parquet_files
 
 

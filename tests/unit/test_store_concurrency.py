@@ -17,9 +17,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from prefect_conductor.conductor.data.store import TABLES, ArtifactStore, TableName
+from prefect_conductor.conductor.errors import StoreError
 
-from conductor.data.store import TABLES, ArtifactStore, TableName
-from conductor.errors import StoreError
 from tests.store_records import (
     make_run,
     make_steps,

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-from conductor.data.verify import answer_key
-from conductor.errors import ConductorError, PoolConfigError
-from conductor.plan.parse import RawPlan, validate_plan
-from conductor.plan.strategies import (
+from prefect_conductor.conductor.data.verify import answer_key
+from prefect_conductor.conductor.errors import ConductorError, PoolConfigError
+from prefect_conductor.conductor.plan.parse import RawPlan, validate_plan
+from prefect_conductor.conductor.plan.strategies import (
     majority_vote,
     parse_strategy,
     random_plan,
     random_plan_seed,
     self_consistency_plan,
 )
-from conductor.pool import load_pool, pool_from_dict
+from prefect_conductor.conductor.pool import load_pool, pool_from_dict
 
 POOL = pool_from_dict(
     {
@@ -170,7 +169,7 @@ def _validates(model: type, text: str) -> bool:
 
 
 def test_pattern_and_parser_agree_on_every_combination():
-    from conductor.plan.requests import EvalRequest, OrchestrateRequest
+    from prefect_conductor.conductor.plan.requests import EvalRequest, OrchestrateRequest
 
     disagree = [
         t
@@ -192,8 +191,8 @@ def test_pattern_and_parser_agree_on_every_combination():
 def test_every_accepted_strategy_passes_the_pattern(text):
     import re
 
-    from conductor.plan.requests import EvalRequest
-    from conductor.plan.strategies import STRATEGY_PATTERN
+    from prefect_conductor.conductor.plan.requests import EvalRequest
+    from prefect_conductor.conductor.plan.strategies import STRATEGY_PATTERN
 
     s = parse_strategy(text, POOL)
     assert re.fullmatch(STRATEGY_PATTERN, str(s))  # also the canonical form
@@ -206,9 +205,8 @@ def test_every_accepted_strategy_passes_the_pattern(text):
     + ["best-of-n:1", "best-of-n:65", "best-of-n:4:smol", "best-of-n:+4", "random-plan:3", ""],
 )
 def test_bad_strategies_fail_parser_and_pattern(text):
+    from prefect_conductor.conductor.plan.requests import EvalRequest, OrchestrateRequest
     from pydantic import ValidationError
-
-    from conductor.plan.requests import EvalRequest, OrchestrateRequest
 
     with pytest.raises(ConductorError):
         parse_strategy(text)
@@ -223,10 +221,9 @@ def test_the_form_shows_the_pattern_examples_and_the_choices():
     import re
 
     from prefect.utilities.callables import parameter_schema
-
-    from conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
-    from flows.evaluate import evaluate
-    from flows.orchestrate import orchestrate
+    from prefect_conductor.conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+    from prefect_conductor.flows.evaluate import evaluate
+    from prefect_conductor.flows.orchestrate import orchestrate
 
     for flow, model in ((orchestrate, "OrchestrateRequest"), (evaluate, "EvalRequest")):
         field = parameter_schema(flow).model_dump()["definitions"][model]["properties"]["strategy"]

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 import typer
+from prefect_conductor.conductor.terminal import TerminalFormatter, for_terminal
 
-from conductor.terminal import TerminalFormatter, for_terminal
-from flows.cli_common import fail
+from prefect_conductor.cli.common import fail
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,17 @@ import contextlib
 import io
 
 import pytest
-
-from conductor.errors import WorkerError
-from conductor.pool import WorkerSpec
-from conductor.providers._litellm import litellm
-from conductor.providers.llm import complete
-from conductor.providers.tools import ToolError, evaluate, extract_code, extract_expression
-from conductor.providers.tools.provider import register, run_tool
+from prefect_conductor.conductor.errors import WorkerError
+from prefect_conductor.conductor.pool import WorkerSpec
+from prefect_conductor.conductor.providers._litellm import litellm
+from prefect_conductor.conductor.providers.llm import complete
+from prefect_conductor.conductor.providers.tools import (
+    ToolError,
+    evaluate,
+    extract_code,
+    extract_expression,
+)
+from prefect_conductor.conductor.providers.tools.provider import register, run_tool
 
 # --- calculator ---------------------------------------------------------------------------
 
@@ -169,7 +173,7 @@ def test_extract_code_none(text: str) -> None:
         extract_code(text)
 
 
-# --- the tool provider, through litellm and conductor.providers.llm ---------------------------------
+# --- the tool provider, through litellm and prefect_conductor.conductor.providers.llm ---------------------------------
 
 
 @pytest.fixture()
@@ -267,7 +271,7 @@ def test_python_fails_on_prose_instead_of_answering(tools: None) -> None:
 
 
 def test_show_last_value_keeps_the_code_before_it_and_leaves_the_rest_alone() -> None:
-    from conductor.providers.tools.sandbox import show_last_value
+    from prefect_conductor.conductor.providers.tools.sandbox import show_last_value
 
     program = "total = 0\nfor i in range(4):\n    total += i\ntotal"
     shown = show_last_value(program)

@@ -4,7 +4,7 @@ and the write; Prefect does not retry that failure (it would wait the window aga
 
 The server is a closed port of 127.0.0.1, and the wait runs on a fake clock
 (``tests/clock.py``): the tests count the probes and add up the sleeps, they never time
-anything. The training tasks (``tasks.training``, ``tasks.reward_model``) get the same checks,
+anything. The training tasks (``prefect_conductor.tasks.training``, ``prefect_conductor.tasks.reward_model``) get the same checks,
 with TRL replaced by a trainer that records whether it trained, so no model is built. Probing a
 real HTTP server, and a real ``mlflow server`` that comes up during the wait, are in
 ``tests/integration/test_tracking_server.py``.
@@ -18,15 +18,14 @@ import types
 from pathlib import Path
 from typing import Any
 
+import prefect_conductor.tasks.tracking
 import pytest
-
-import tasks.tracking
-from conductor.errors import ConductorError, StoreError, StoreUnavailableError
-from conductor.training.config import TrainConductorRequest
-from reward_model.model import RewardModelRequest
-from tasks import reward_model as rm_tasks
-from tasks import training
-from tasks.tracking import (
+from prefect_conductor.conductor.errors import ConductorError, StoreError, StoreUnavailableError
+from prefect_conductor.conductor.training.config import TrainConductorRequest
+from prefect_conductor.reward_model.model import RewardModelRequest
+from prefect_conductor.tasks import reward_model as rm_tasks
+from prefect_conductor.tasks import training
+from prefect_conductor.tasks.tracking import (
     TrackingError,
     TrackingUnavailableError,
     _unreachable,
@@ -38,6 +37,7 @@ from tasks.tracking import (
     tracking_server,
     wait_for_tracking_server,
 )
+
 from tests.clock import FakeClock
 
 
@@ -60,21 +60,21 @@ def down(monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    """The clock the waits of ``tasks.tracking`` read and sleep on."""
-    return FakeClock().install(monkeypatch, tasks.tracking)
+    """The clock the waits of ``prefect_conductor.tasks.tracking`` read and sleep on."""
+    return FakeClock().install(monkeypatch, prefect_conductor.tasks.tracking)
 
 
 @pytest.fixture
 def probes(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """What each ``GET /health`` probe found: None when the server answered, else why not."""
     found: list[str | None] = []
-    why_down = tasks.tracking._why_down
+    why_down = prefect_conductor.tasks.tracking._why_down
 
     def probe(url: str, timeout: float) -> str | None:
         found.append(why_down(url, timeout))
         return found[-1]
 
-    monkeypatch.setattr(tasks.tracking, "_why_down", probe)
+    monkeypatch.setattr(prefect_conductor.tasks.tracking, "_why_down", probe)
     return found
 
 
@@ -100,7 +100,7 @@ def test_every_write_helper_waits_for_the_server(down: str, clock, monkeypatch, 
     client = mlflow.MlflowClient(down)
     with pytest.raises(TrackingUnavailableError, match="open experiment train/conductor"):
         mlflow_experiment(client, "train/conductor")
-    # The module, after set_tracking_uri, as tasks.training passes it (restored after).
+    # The module, after set_tracking_uri, as prefect_conductor.tasks.training passes it (restored after).
     monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", down)
     with pytest.raises(TrackingUnavailableError, match="open experiment eval/y"):
         mlflow_experiment(mlflow, "eval/y")
@@ -144,7 +144,9 @@ def test_a_server_lost_during_the_write_is_one_line(monkeypatch):
     from mlflow.exceptions import MlflowException
 
     url = "http://127.0.0.1:5000"
-    monkeypatch.setattr(tasks.tracking, "_why_down", lambda url, timeout: None)  # it answers
+    monkeypatch.setattr(
+        prefect_conductor.tasks.tracking, "_why_down", lambda url, timeout: None
+    )  # it answers
 
     def lost() -> None:
         try:
@@ -181,14 +183,16 @@ class _State:
 
 
 def test_the_tracking_errors_live_with_the_other_errors():
-    import conductor.errors
+    import prefect_conductor.conductor.errors
 
-    # One error root (conductor/errors.py); tasks.tracking keeps its names importable.
-    assert TrackingUnavailableError is conductor.errors.TrackingUnavailableError
-    assert TrackingError is conductor.errors.TrackingError
+    # One error root (conductor/errors.py); prefect_conductor.tasks.tracking keeps its names importable.
+    assert TrackingUnavailableError is prefect_conductor.conductor.errors.TrackingUnavailableError
+    assert TrackingError is prefect_conductor.conductor.errors.TrackingError
     assert issubclass(TrackingUnavailableError, TrackingError)
     assert issubclass(TrackingError, StoreError)  # a runtime failure: the CLI exits 1
-    assert not issubclass(TrackingUnavailableError, conductor.errors.StoreUnavailableError)
+    assert not issubclass(
+        TrackingUnavailableError, prefect_conductor.conductor.errors.StoreUnavailableError
+    )
 
 
 # -- the training tasks ---------------------------------------------------------------------------
@@ -197,7 +201,7 @@ def test_the_tracking_errors_live_with_the_other_errors():
 def _fails_in_one_line(call: Any, what: str, url: str) -> None:
     clock = FakeClock()
     with pytest.MonkeyPatch.context() as patch:
-        clock.install(patch, tasks.tracking)
+        clock.install(patch, prefect_conductor.tasks.tracking)
         with pytest.raises(TrackingUnavailableError) as caught:
             call()
     message = str(caught.value)

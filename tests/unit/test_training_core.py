@@ -7,22 +7,25 @@ import json
 
 import pandas as pd
 import pytest
-
-from conductor.adapters import (
+from prefect_conductor.conductor.adapters import (
     AdapterError,
     read_adapter,
     resolve_conductor,
     with_conductor,
     write_adapter_meta,
 )
-from conductor.data.datasets import Example
-from conductor.plan.parse import parse_plan
-from conductor.plan.prompts import conductor_messages, render_plan
-from conductor.plan.requests import OrchestrateRequest
-from conductor.plan.workflow import Step, Workflow
-from conductor.pool import load_pool
-from conductor.training.config import TrainConductorRequest, rollout_request, should_promote
-from conductor.training.rewards import (
+from prefect_conductor.conductor.data.datasets import Example
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.plan.prompts import conductor_messages, render_plan
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+from prefect_conductor.conductor.plan.workflow import Step, Workflow
+from prefect_conductor.conductor.pool import load_pool
+from prefect_conductor.conductor.training.config import (
+    TrainConductorRequest,
+    rollout_request,
+    should_promote,
+)
+from prefect_conductor.conductor.training.rewards import (
     ExecutedPlanReward,
     Rollout,
     RolloutOutcome,
@@ -30,7 +33,7 @@ from conductor.training.rewards import (
     completion_text,
     plan_format_reward,
 )
-from conductor.training.warm_start import warm_start_examples
+from prefect_conductor.conductor.training.warm_start import warm_start_examples
 
 POOL = load_pool()
 # The embedded pool's conductor is the shipped adapter; BASE has the untrained SmolLM2.
@@ -283,7 +286,7 @@ def test_registry_reference_without_a_registered_model_is_a_clear_error(tmp_path
 
 
 def test_the_incumbent_is_the_champion_else_the_shipped_adapter(tmp_path, monkeypatch):
-    from conductor.adapters import INCUMBENT, NotRegistered, embedded_adapter_path
+    from prefect_conductor.conductor.adapters import INCUMBENT, NotRegistered, embedded_adapter_path
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert resolve_conductor(INCUMBENT).path == embedded_adapter_path().resolve()
@@ -310,7 +313,7 @@ def test_request_checks_the_group_size():
 
 
 def test_a_pool_naming_an_adapter_gets_the_prompt_it_was_trained_with(tmp_path):
-    from conductor.plan.prompts import prompt_style
+    from prefect_conductor.conductor.plan.prompts import prompt_style
 
     (tmp_path / "adapter_config.json").write_text("{}")
     write_adapter_meta(tmp_path, "smollm2-135m-instruct", "compact")
@@ -328,7 +331,7 @@ def test_a_pool_naming_an_adapter_gets_the_prompt_it_was_trained_with(tmp_path):
 
 
 def test_the_shipped_adapter_is_small_and_says_how_it_was_made():
-    from conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path
+    from prefect_conductor.conductor.adapters import EMBEDDED_ADAPTER, embedded_adapter_path
 
     info = resolve_conductor("embedded")
     assert info.path == embedded_adapter_path().resolve()

@@ -8,12 +8,12 @@ from prefect.settings import (
     PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK,
     temporary_settings,
 )
+from prefect_conductor.conductor.plan.requests import EvalResult, RunResult
+from prefect_conductor.conductor.plan.workflow import Step, Workflow
+from prefect_conductor.tasks.artifacts import answer_markdown, eval_summary_rows, plan_markdown
+from prefect_conductor.tasks.workers import step_run_name
 
-from conductor.plan.requests import EvalResult, RunResult
-from conductor.plan.workflow import Step, Workflow
-from flows.runtime import result_storage
-from tasks.artifacts import answer_markdown, eval_summary_rows, plan_markdown
-from tasks.workers import step_run_name
+from prefect_conductor.runtime.server import result_storage
 
 PLAN = Workflow(
     steps=(
@@ -137,6 +137,6 @@ def test_results_live_under_the_conductor_home_unless_prefect_says_otherwise(tmp
 def test_flows_persist_their_result_as_json(flow_name):
     import importlib
 
-    flow = getattr(importlib.import_module(f"flows.{flow_name}"), flow_name)
+    flow = getattr(importlib.import_module(f"prefect_conductor.flows.{flow_name}"), flow_name)
     assert flow.persist_result is True and flow.result_serializer == "json"
     assert flow.result_storage is None or flow.result_storage.is_absolute()

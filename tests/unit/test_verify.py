@@ -1,4 +1,4 @@
-"""Unit tests for conductor.data.verify (issue #3): math, mc, text and code verifiers, reward."""
+"""Unit tests for prefect_conductor.conductor.data.verify (issue #3): math, mc, text and code verifiers, reward."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import sys
 import types
 from typing import Any
 
+import prefect_conductor.conductor.data.verify as verify_mod
 import pytest
-
-import conductor.data.verify as verify_mod
-from conductor.data.datasets import DatasetError, Example, load_dataset
-from conductor.data.verify import (
+from prefect_conductor.conductor.data.datasets import DatasetError, Example, load_dataset
+from prefect_conductor.conductor.data.verify import (
     Verdict,
     answer_key,
     extract_code,
@@ -25,7 +24,7 @@ from conductor.data.verify import (
     verify_mc,
     verify_text,
 )
-from conductor.errors import ConductorError
+from prefect_conductor.conductor.errors import ConductorError
 
 
 def test_doctests():
@@ -319,7 +318,7 @@ def test_sandbox_adapter_maps_results(monkeypatch):
                                      ran_to_end=end)  # fmt: skip
 
     fake = types.SimpleNamespace(run_python_tests=run_python_tests)
-    monkeypatch.setitem(sys.modules, "conductor.providers.tools.sandbox", fake)
+    monkeypatch.setitem(sys.modules, "prefect_conductor.conductor.providers.tools.sandbox", fake)
     assert sandbox_run_tests("ok", "t", "f") == (True, "all tests passed")
     assert sandbox_run_tests("fail", "t", "f") == (False, "tests failed (exit 1): E!")
     assert sandbox_run_tests("slow", "t", "f") == (False, "timed out after 10 s")
@@ -331,8 +330,10 @@ def test_sandbox_adapter_maps_results(monkeypatch):
 
 
 def test_sandbox_adapter_missing_module(monkeypatch):
-    monkeypatch.setitem(sys.modules, "conductor.providers.tools.sandbox", None)  # import now fails
-    with pytest.raises(ConductorError, match="conductor.providers.tools.sandbox"):
+    monkeypatch.setitem(
+        sys.modules, "prefect_conductor.conductor.providers.tools.sandbox", None
+    )  # import now fails
+    with pytest.raises(ConductorError, match="prefect_conductor.conductor.providers.tools.sandbox"):
         sandbox_run_tests("p", "t", "f")
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 
+from prefect_conductor.conductor.data.datasets import load_dataset
+
 from benchmarks.word_curriculum import EASY, THREE, curriculum_rows
-from conductor.data.datasets import load_dataset
 
 
 def _solve(question: str) -> int:

@@ -3,12 +3,12 @@
 They are called like any model, through litellm: ``conductor.providers.tools.provider``
 registers the ``tool`` provider, so a pool worker ``{kind: tool, model: tool/calculator}``
 is routed by ``conductor.providers.llm.complete`` like an LLM. This package imports neither
-litellm nor the provider; import ``conductor.providers.tools.provider`` for that.
+litellm nor the provider; import ``prefect_conductor.conductor.providers.tools.provider`` for that.
 """
 
 from __future__ import annotations
 
-from conductor.errors import WorkerError
+from prefect_conductor.conductor.errors import WorkerError
 
 __all__ = [
     "SANDBOXED_MODELS",
@@ -36,8 +36,8 @@ class ToolError(WorkerError):
 
 
 # Defined above before these imports, because the submodules import ToolError from here.
-from conductor.providers.tools.calculator import evaluate, extract_expression  # noqa: E402
-from conductor.providers.tools.sandbox import (  # noqa: E402
+from prefect_conductor.conductor.providers.tools.calculator import evaluate, extract_expression  # noqa: E402
+from prefect_conductor.conductor.providers.tools.sandbox import (  # noqa: E402
     SandboxResult,
     SandboxUnavailable,
     extract_code,

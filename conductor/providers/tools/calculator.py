@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from conductor.providers.tools import ToolError
+from prefect_conductor.conductor.providers.tools import ToolError
 
 __all__ = ["evaluate", "extract_expression", "format_number"]
 

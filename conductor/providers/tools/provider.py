@@ -22,10 +22,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from conductor.providers._litellm import fill_response, litellm, register_provider
-from conductor.providers.tools import ToolError
-from conductor.providers.tools.calculator import evaluate, extract_expression
-from conductor.providers.tools.sandbox import (
+from prefect_conductor.conductor.providers._litellm import fill_response, litellm, register_provider
+from prefect_conductor.conductor.providers.tools import ToolError
+from prefect_conductor.conductor.providers.tools.calculator import evaluate, extract_expression
+from prefect_conductor.conductor.providers.tools.sandbox import (
     SANDBOX_MODES,
     SandboxMode,
     extract_code,

@@ -72,8 +72,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Literal
 
-from conductor.providers.tools import ToolError, _sandbox_init
-from conductor.providers.tools._sandbox_cgroup import MemoryCgroup, memory_cgroup
+from prefect_conductor.conductor.providers.tools import ToolError, _sandbox_init
+from prefect_conductor.conductor.providers.tools._sandbox_cgroup import MemoryCgroup, memory_cgroup
 
 __all__ = [
     "HELPER_ENV",

@@ -20,7 +20,8 @@ and Prefect API URL) and removes it when it stops. ``run`` uses it only when its
 workers need a running Prefect server (the ephemeral one lives and dies with each command),
 so ``serve`` refuses to start without ``PREFECT_API_URL``.
 
-It serves ``flows.fanout.fleet_question`` too: the questions of ``conductor eval --fan-out``,
+It serves ``prefect_conductor.fleet.fanout.fleet_question`` too: the questions of ``conductor eval
+--fan-out``,
 from any host of the fleet, each run by whichever serve process the Prefect server hands it to.
 
 The request's parameters and result travel through the task's result storage
@@ -46,9 +47,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from conductor.errors import ConductorError
-from conductor.home import conductor_home
-from flows.runtime import result_storage
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.home import conductor_home
+from prefect_conductor.runtime.server import result_storage
 
 __all__ = [
     "ServeError",
@@ -66,7 +67,7 @@ MARKER = "serve.json"
 _POLL_S = 1.0
 _CHECK_S = 5.0
 _PICKUP_NOTICE_S = 15.0  # still not started by then: one line on stderr
-_log = logging.getLogger("conductor.serve")
+_log = logging.getLogger("prefect_conductor.serve")
 
 
 class ServeError(ConductorError):
@@ -135,12 +136,12 @@ def _remove_marker(path: Path) -> None:
 )
 def served_request(request: dict[str, Any], best_of: bool = False) -> dict[str, Any]:
     """Run one ``conductor run`` request in this (warm) process; the RunResult as JSON."""
-    from conductor.plan.requests import OrchestrateRequest, RunResult
+    from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
 
     if best_of:
-        from flows.best_of_n import best_of_n as flow
+        from prefect_conductor.flows.best_of_n import best_of_n as flow
     else:
-        from flows.orchestrate import orchestrate as flow
+        from prefect_conductor.flows.orchestrate import orchestrate as flow
     state = flow(OrchestrateRequest.model_validate(request), return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, RunResult):
@@ -155,8 +156,8 @@ def warm(pool: Any) -> list[str]:
     The conductor is warmed with its real planning prompt, so its system prompt's states are
     kept (``conductor.providers._prefix_cache``) and the first request computes only its question.
     """
-    from conductor.plan.prompts import conductor_messages
-    from conductor.providers.llm import complete
+    from prefect_conductor.conductor.plan.prompts import conductor_messages
+    from prefect_conductor.conductor.providers.llm import complete
 
     warmed = []
     endpoints = [pool.conductor, *pool.workers]
@@ -187,7 +188,7 @@ def serve(pool: Any, limit: int = 4, on_ready: Any = None) -> None:
             f"conductor serve is already running for {conductor_home()} (pid {other.pid})"
         )
     started = time.perf_counter()
-    import flows.orchestrate  # noqa: F401 - the engine, imported before the first request
+    import prefect_conductor.flows.orchestrate  # noqa: F401 - the engine, imported before the first request
 
     warmed = warm(pool)
     path = _write_marker(api_url)
@@ -199,7 +200,9 @@ def serve(pool: Any, limit: int = 4, on_ready: Any = None) -> None:
     # The request's own task-run lines ("Finished in state ...") have no flow run to go to;
     # the flow run it starts logs to the API as usual.
     warnings.filterwarnings("ignore", message=r"Logger 'prefect\.task_runs' attempted to send")
-    from flows.fanout import fleet_question  # an eval's questions (``eval --fan-out``)
+    from prefect_conductor.fleet.fanout import (
+        fleet_question,  # an eval's questions (``eval --fan-out``)
+    )
 
     try:
         serve_tasks(served_request, fleet_question, limit=limit)
@@ -218,7 +221,7 @@ def submit(request: Any, served: Served, best_of: bool = False) -> Any:
     """Send ``request`` to the serving process and wait for its RunResult."""
     import httpx
 
-    from conductor.plan.requests import RunResult
+    from prefect_conductor.conductor.plan.requests import RunResult
 
     payload = request.model_copy(
         update={"pool": _absolute(request.pool), "conductor": _absolute(request.conductor)}

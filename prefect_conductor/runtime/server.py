@@ -20,7 +20,8 @@ the command. Measured in ``benchmarks/engine_overhead.py`` on Prefect 3.9:
 
 Also (issue #17), for the temporary server and every command:
 
-- **offline**: no library phones home (``flows.quiet.OFFLINE_DEFAULTS``: Prefect's server analytics,
+- **offline**: no library phones home (``prefect_conductor.runtime.quiet.OFFLINE_DEFAULTS``:
+Prefect's server analytics,
   MLflow's usage telemetry, Hugging Face's telemetry; ``DO_NOT_TRACK``), set as defaults
   before they are imported, so a user's own setting wins;
 - **a slow host is not a failure**: the server may take minutes to start on a loaded
@@ -56,8 +57,8 @@ from typing import Any
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from conductor.errors import ConductorError
-from flows.quiet import offline_defaults
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.runtime.quiet import offline_defaults
 
 __all__ = [
     "STARTUP_TIMEOUT_S",
@@ -98,7 +99,7 @@ def _ephemeral() -> bool:
 
 
 def server_log_path() -> Path:
-    from conductor.home import conductor_home
+    from prefect_conductor.conductor.home import conductor_home
 
     return conductor_home() / "logs" / "prefect-server.log"
 
@@ -165,7 +166,7 @@ def _startup_timeout() -> int:
 
 
 def server_database_path() -> Path:
-    from conductor.home import conductor_home
+    from prefect_conductor.conductor.home import conductor_home
 
     return conductor_home() / "prefect" / "prefect.db"
 
@@ -303,7 +304,7 @@ def result_storage() -> Path | None:
     then ``None`` lets Prefect's setting apply. Read when the flow module is imported."""
     from prefect.settings import get_current_settings
 
-    from conductor.home import conductor_home
+    from prefect_conductor.conductor.home import conductor_home
 
     results = get_current_settings().results
     if results.default_storage_block or "local_storage_path" in results.model_fields_set:

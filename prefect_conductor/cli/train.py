@@ -1,6 +1,7 @@
 """The training commands: ``conductor train-conductor`` and ``conductor train-rm``.
 
-Plain functions, registered on the app by ``flows.cli``; each loads its flow only when run.
+Plain functions, registered on the app by ``prefect_conductor.cli.app``; each loads its flow only
+when run.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli_common import (
+from prefect_conductor.cli.common import (
     FanOutOpt,
     JsonOpt,
     PoolOpt,
@@ -114,8 +115,11 @@ def train_conductor_cmd(
     verbose: VerboseOpt = False,
 ) -> None:
     """Train the conductor with GRPO (TRL + PEFT) on executed plans; register it in MLflow."""
-    from conductor.data.datasets import load_dataset
-    from conductor.training.config import TrainConductorRequest, TrainConductorResult
+    from prefect_conductor.conductor.data.datasets import load_dataset
+    from prefect_conductor.conductor.training.config import (
+        TrainConductorRequest,
+        TrainConductorResult,
+    )
 
     load_pool_option(pool)
     load_dataset(dataset, split="train", limit=1, seed=seed)  # a bad dataset fails here
@@ -153,15 +157,15 @@ def train_conductor_cmd(
         seed=seed,
     )
     if self_sample_hints:
-        from conductor.pool import load_pool
-        from conductor.training.hints import load_hint
+        from prefect_conductor.conductor.pool import load_pool
+        from prefect_conductor.conductor.training.hints import load_hint
 
         load_hint(self_sample_hints, load_pool(request.pool))  # a bad file: one line, now
     if orchrm_weight:
-        from reward_model.model import CHAMPION, load_reward_model
+        from prefect_conductor.reward_model.model import CHAMPION, load_reward_model
 
         load_reward_model(orchrm or CHAMPION)  # a missing reward model fails here, in one line
-    from flows.train_conductor import train_conductor
+    from prefect_conductor.flows.train_conductor import train_conductor
 
     result = call_long_flow(train_conductor, request, TrainConductorResult, "training")
     if as_json:
@@ -198,7 +202,7 @@ def train_rm_cmd(
 ) -> None:
     """Train OrchRM (a Bradley-Terry reward model) on pairs from the stored runs."""
 
-    from reward_model.model import RewardModelRequest, RewardModelResult
+    from prefect_conductor.reward_model.model import RewardModelRequest, RewardModelResult
 
     load_pool_option(pool)
     request = build_request(
@@ -215,7 +219,7 @@ def train_rm_cmd(
         seed=seed,
         pool=str(pool) if pool else None,
     )
-    from flows.train_reward_model import train_reward_model
+    from prefect_conductor.flows.train_reward_model import train_reward_model
 
     result = call_long_flow(train_reward_model, request, RewardModelResult, "training")
     if as_json:

@@ -13,10 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from conductor.errors import ConductorError, PlanError
-from conductor.question import check_question
-from conductor.terminal import TerminalFormatter, for_terminal
-from flows.cli_common import (
+from prefect_conductor.cli.common import (
     ConductorOpt,
     FanOutOpt,
     JsonOpt,
@@ -31,9 +28,12 @@ from flows.cli_common import (
     fail,
     load_pool_option,
 )
-from flows.cli_help import ConductorCommand, ConductorGroup
-from flows.cli_train import train_conductor_cmd, train_rm_cmd
-from flows.quiet import (
+from prefect_conductor.cli.help import ConductorCommand, ConductorGroup
+from prefect_conductor.cli.train import train_conductor_cmd, train_rm_cmd
+from prefect_conductor.conductor.errors import ConductorError, PlanError
+from prefect_conductor.conductor.question import check_question
+from prefect_conductor.conductor.terminal import TerminalFormatter, for_terminal
+from prefect_conductor.runtime.quiet import (
     hide_deprecation_warnings,
     offline_defaults,
     progress_bars_off,
@@ -93,8 +93,8 @@ def run(
     ] = False,
 ) -> None:
     """Plan QUESTION with the conductor and run the plan as a Prefect flow."""
-    from conductor.plan.requests import OrchestrateRequest
-    from conductor.plan.strategies import parse_strategy
+    from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+    from prefect_conductor.conductor.plan.strategies import parse_strategy
 
     # Fail fast on a blank question, a bad pool or adapter, before Prefect starts.
     check_question(question)
@@ -118,7 +118,7 @@ def run(
     )
     _show_progress()
     state, result = _run_request(request, best_of is not None, in_process)
-    from conductor.plan.requests import RunResult
+    from prefect_conductor.conductor.plan.requests import RunResult
 
     if not isinstance(result, RunResult):
         # The flow itself crashed (bad pool at run time, store unwritable, ...).
@@ -163,7 +163,7 @@ def run(
 def _show_progress() -> None:
     """The run's progress on stderr: the plan, then each top-level step as it finishes
     (``flows.orchestrate.PROGRESS``; set up here so that only ``conductor run`` says it)."""
-    progress = logging.getLogger("conductor.progress")
+    progress = logging.getLogger("prefect_conductor.progress")
     if not any(getattr(h, "_conductor_progress", False) for h in progress.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(TerminalFormatter("%(message)s"))  # model and tool text
@@ -175,7 +175,7 @@ def _show_progress() -> None:
 
 def _print_served_progress(result: Any) -> None:
     """What the in-process run says as it goes, said once the served run is back."""
-    from conductor.plan.workflow import Step, plan_lines, step_line
+    from prefect_conductor.conductor.plan.workflow import Step, plan_lines, step_line
 
     steps = [Step(**s) for s in result.workflow]
     lines = plan_lines(steps, result.format_error)
@@ -189,7 +189,7 @@ def _run_request(request: Any, best_of: bool, in_process: bool) -> tuple[Any, An
     """Through a running ``conductor serve`` when there is one (warm models, no imports of
     litellm or torch here), else the flow in this process."""
     if not in_process:
-        from flows.serve import find_served, submit
+        from prefect_conductor.fleet.serve import find_served, submit
 
         served = find_served()
         if served is not None:
@@ -212,9 +212,9 @@ def serve(
     """Keep the engine and the pool's local models loaded; `conductor run` uses this process.
 
     Needs PREFECT_API_URL (a running `prefect server start`). Stop with Ctrl-C."""
-    from flows.fanout import worker_storage_gap
-    from flows.serve import marker_path
-    from flows.serve import serve as serve_forever
+    from prefect_conductor.fleet.fanout import worker_storage_gap
+    from prefect_conductor.fleet.serve import marker_path
+    from prefect_conductor.fleet.serve import serve as serve_forever
 
     p = load_pool_option(pool, conductor)
 
@@ -237,10 +237,10 @@ def _run_flow(best_of: bool) -> Any:
     """The flow of ``run``: OrchRM's modules load only for best-of-N (cold start, issue #10).
     Importing a flow imports Prefect, which sets up its log handlers."""
     if best_of:
-        from flows.best_of_n import best_of_n
+        from prefect_conductor.flows.best_of_n import best_of_n
 
         return best_of_n
-    from flows.orchestrate import orchestrate
+    from prefect_conductor.flows.orchestrate import orchestrate
 
     return orchestrate
 
@@ -276,9 +276,9 @@ def eval_(
     verbose: VerboseOpt = False,
 ) -> None:
     """Evaluate a strategy on a dataset; every question is a run, the eval an MLflow run."""
-    from conductor.data.datasets import load_dataset
-    from conductor.plan.requests import EvalRequest
-    from conductor.plan.strategies import parse_strategy
+    from prefect_conductor.conductor.data.datasets import load_dataset
+    from prefect_conductor.conductor.plan.requests import EvalRequest
+    from prefect_conductor.conductor.plan.strategies import parse_strategy
 
     p = load_pool_option(pool, conductor)
     check_rm(parse_strategy(strategy, p), rm)
@@ -299,8 +299,8 @@ def eval_(
         rm=rm,
         fan_out=fan_out,
     )
-    from conductor.plan.requests import EvalResult
-    from flows.evaluate import evaluate
+    from prefect_conductor.conductor.plan.requests import EvalResult
+    from prefect_conductor.flows.evaluate import evaluate
 
     # Per-question flow logs would bury the progress bar; warnings and errors still show.
     result = call_long_flow(evaluate, request, EvalResult, "the eval")
@@ -360,8 +360,8 @@ def plan(
     conductor: ConductorOpt = None,
 ) -> None:
     """Ask the conductor for a plan and print it, validated, without running it."""
-    from conductor.plan.parse import parse_plan
-    from conductor.plan.policy import LiteLLMPolicy
+    from prefect_conductor.conductor.plan.parse import parse_plan
+    from prefect_conductor.conductor.plan.policy import LiteLLMPolicy
 
     check_question(question)  # before the conductor is asked
     p = load_pool_option(pool, conductor)
@@ -384,7 +384,7 @@ def validate(
     max_steps: Annotated[Optional[int], typer.Option(help="Override the pool's max_steps.")] = None,  # noqa: UP045
 ) -> None:
     """Parse and validate a raw conductor output; print the plan as JSON."""
-    from conductor.plan.parse import MAX_PLAN_TEXT_CHARS, parse_plan
+    from prefect_conductor.conductor.plan.parse import MAX_PLAN_TEXT_CHARS, parse_plan
 
     try:
         if file == "-":
@@ -398,7 +398,7 @@ def validate(
     print(json.dumps({"steps": [s.model_dump(mode="json") for s in workflow.steps]}))
 
 
-# The training commands live in flows/cli_train.py.
+# The training commands live in prefect_conductor/cli/train.py.
 app.command("train-conductor", cls=ConductorCommand)(train_conductor_cmd)
 app.command("train-rm", cls=ConductorCommand)(train_rm_cmd)
 
@@ -412,7 +412,7 @@ def artifacts(
     """Summarise the store: runs, steps, failures, tokens, cost."""
     if ctx.invoked_subcommand is not None:
         return
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     store = ArtifactStore()
     if path:
@@ -451,7 +451,7 @@ def artifacts(
 @artifacts_app.command(cls=ConductorCommand)
 def compact(as_json: JsonOpt = False) -> None:
     """Merge the small Parquet files of each table into one (safe for concurrent readers)."""
-    from conductor.data.store import ArtifactStore
+    from prefect_conductor.conductor.data.store import ArtifactStore
 
     result = ArtifactStore().compact()
     if as_json:
@@ -474,21 +474,22 @@ def _jsonable(obj: Any) -> Any:
 def main() -> None:
     """Entry point: one line on stderr for every error of ours, never a traceback."""
     # Before Prefect, MLflow or Hugging Face is imported: nothing may phone home from an
-    # offline machine (the temporary server's generous start-up wait: flows.runtime).
+    # offline machine (the temporary server's generous start-up wait:
+    # prefect_conductor.runtime.server).
     offline_defaults()
     quiet_third_party_notices()
     hide_deprecation_warnings()
     if not sys.stderr.isatty():
         progress_bars_off()
     logging.captureWarnings(True)
-    ours = logging.getLogger("conductor")
+    ours = logging.getLogger("prefect_conductor")
     if not ours.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(TerminalFormatter("conductor: %(message)s"))
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)
         ours.propagate = False  # Prefect's root console handler would print it twice
-    from conductor.home import legacy_home_notice
+    from prefect_conductor.conductor.home import legacy_home_notice
 
     notice = legacy_home_notice()
     if notice:
@@ -501,9 +502,9 @@ def main() -> None:
 
 
 def _runtime_errors() -> tuple[type[BaseException], ...]:
-    from conductor.errors import StoreError, WorkerError
-    from flows.runtime import TemporaryServerError
-    from flows.serve import ServeError
+    from prefect_conductor.conductor.errors import StoreError, WorkerError
+    from prefect_conductor.fleet.serve import ServeError
+    from prefect_conductor.runtime.server import TemporaryServerError
 
     return (WorkerError, StoreError, ServeError, TemporaryServerError)
 

@@ -60,9 +60,9 @@ from prefect.runtime import task_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from conductor.errors import ConductorError
-from conductor.plan.requests import OrchestrateRequest
-from conductor.plan.strategies import parse_strategy
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+from prefect_conductor.conductor.plan.strategies import parse_strategy
 
 __all__ = [
     "FanOutError",
@@ -81,7 +81,7 @@ MAX_TRIES = 3  # sends of one question whose worker died, before it ends as a fa
 NO_WORKER_S = 60.0  # no serve process subscribed this long: the questions in flight fail
 _RUN_IDS = uuid.UUID("6f1c1d0e-4c1a-4c8e-9f5e-19c0a0c0d019")  # uuid5 namespace of run ids
 _ON = " on "  # the task run name: "question <question id> on <worker id>"
-_log = logging.getLogger("conductor.fanout")
+_log = logging.getLogger("prefect_conductor.fanout")
 
 
 class FanOutError(ConductorError):
@@ -156,8 +156,8 @@ def _run_name() -> str:
 
 
 def _answer(request: OrchestrateRequest, run_id: str) -> Any:
-    from flows.best_of_n import best_of_n
-    from flows.orchestrate import run_unstored
+    from prefect_conductor.flows.best_of_n import best_of_n
+    from prefect_conductor.flows.orchestrate import run_unstored
 
     request = request.model_copy(update={"tags": {**request.tags, "served_by": worker_id()}})
     if parse_strategy(request.strategy).best_of:  # it stores its candidates itself

@@ -37,8 +37,8 @@ import warnings
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 
-from conductor.errors import ConductorError
-from conductor.terminal import TerminalFormatter
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.terminal import TerminalFormatter
 
 __all__ = [
     "OFFLINE_DEFAULTS",

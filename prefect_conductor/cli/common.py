@@ -10,8 +10,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from conductor.terminal import for_terminal
-from flows.quiet import quiet_prefect_shutdown, silence_stderr_at_exit, verbose_output
+from prefect_conductor.conductor.terminal import for_terminal
+from prefect_conductor.runtime.quiet import (
+    quiet_prefect_shutdown,
+    silence_stderr_at_exit,
+    verbose_output,
+)
 
 __all__ = [
     "ConductorOpt",
@@ -76,8 +80,8 @@ RmOpt = Annotated[
 def check_rm(strategy: Any, rm: str | None) -> None:
     """Best-of-n needs a reward model: load it now, so a missing one fails in one line."""
     if strategy.best_of:
-        from flows.best_of_n import DEFAULT_RM
-        from reward_model.model import load_reward_model
+        from prefect_conductor.flows.best_of_n import DEFAULT_RM
+        from prefect_conductor.reward_model.model import load_reward_model
 
         load_reward_model(rm or DEFAULT_RM)
 
@@ -97,7 +101,7 @@ FanOutOpt = Annotated[
 def check_fan_out(fan_out: bool) -> None:
     """``--fan-out`` without a fleet to hand work to: one line, before any work starts."""
     if fan_out:
-        from flows.fanout import FanOutError, check_fleet
+        from prefect_conductor.fleet.fanout import FanOutError, check_fleet
 
         try:
             check_fleet()
@@ -136,7 +140,7 @@ def call_long_flow(flow: Any, request: Any, result_type: type, what: str) -> Any
 
 def call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
     """Run a flow in this process; returns its final state and its result (or exception)."""
-    from flows.runtime import local_run_settings, wait_until_recorded
+    from prefect_conductor.runtime.server import local_run_settings, wait_until_recorded
 
     with quiet_prefect_shutdown(), local_run_settings():
         state = flow(request, return_state=True)
@@ -148,11 +152,11 @@ def call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
 
 
 def load_pool_option(pool: Path | None, conductor: str | None = None):
-    from conductor.pool import load_pool
+    from prefect_conductor.conductor.pool import load_pool
 
     loaded = load_pool(pool)
     if conductor:
-        from conductor.adapters import with_conductor
+        from prefect_conductor.conductor.adapters import with_conductor
 
         loaded = with_conductor(loaded, conductor)
     return loaded
