@@ -442,3 +442,19 @@ def test_eval_with_one_oversized_question_runs_the_rest(tmp_path):
     assert_clean(proc.stderr)
     summary = json.loads(conductor("artifacts", "--json", cwd=tmp_path).stdout)
     assert summary["runs"] == 2 and summary["failed_runs"] == 1
+
+
+def test_run_takes_the_strategies_of_eval(tmp_path):
+    """Issue #39: `--strategy` exists on `eval`, and now on `run` too."""
+    pool = write_tool_pool(tmp_path)
+    proc = conductor("run", "What is 6 * 7?", "--pool", str(pool), "--strategy",
+                     "single:calculator", "--json", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["answer"] == "42" and [s["worker"] for s in data["workflow"]] == ["calculator"]
+    bad = conductor("run", "Q?", "--pool", str(pool), "--strategy", "single:nobody", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --strategy: ")
+    assert_clean(bad.stderr)
+    both = conductor("run", "Q?", "--pool", str(pool), "--strategy", "random-plan",
+                     "--best-of", "2", cwd=tmp_path)  # fmt: skip
+    assert both.returncode == 2 and "not both" in both.stderr

@@ -1,0 +1,192 @@
+"""The Python API (issue #39): the functions the ``conductor`` command calls, for a program.
+
+>>> import prefect_conductor as pc                              # doctest: +SKIP
+>>> result = pc.run("What is 17 + 25?")                         # doctest: +SKIP
+>>> result.answer                                               # doctest: +SKIP
+'42'
+
+Each function builds the flow's request from a few user-facing arguments, runs the flow in
+this process (Prefect's temporary server unless ``PREFECT_API_URL`` names one) and returns the
+same typed result that ``--json`` prints: :class:`RunResult`, :class:`EvalResult`,
+:class:`TrainConductorResult`. A pool is a path to a YAML file, a :class:`Pool` built in code
+(written once under ``$CONDUCTOR_HOME/pools/``, so a stored run can always name its pool) or
+``None`` for the embedded local pool.
+
+The offline and quiet defaults (no telemetry; litellm's price map from the package) are set
+when a function is called, never at import, and each is a default: a user's own setting of
+the same variable wins. Bad input raises a :class:`ConductorError` subclass whose message is
+one line; a question that runs and fails returns a result with ``status="failed"`` and its
+``reason``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.plan.requests import EvalResult, RunResult
+from prefect_conductor.conductor.pool import Pool, load_pool, pool_from_dict
+
+if TYPE_CHECKING:
+    from prefect_conductor.conductor.training.config import TrainConductorResult
+
+__all__ = [
+    "ConductorError",
+    "EvalResult",
+    "Pool",
+    "RunResult",
+    "evaluate",
+    "load_pool",
+    "pool_from_dict",
+    "run",
+    "train",
+]
+
+PoolArg = str | Path | Pool | None
+
+
+def _pool_file(pool: PoolArg) -> str | None:
+    """The pool as the flows take it: a file path, or None for the embedded pool."""
+    if pool is None:
+        return None
+    if isinstance(pool, Pool):
+        from prefect_conductor.conductor.home import conductor_home
+
+        text = yaml.safe_dump(pool.public_dict(), sort_keys=False)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        path = conductor_home() / "pools" / f"pool-{digest}.yaml"
+        if not path.exists():  # content-addressed: the same pool is one file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+        return str(path)
+    path = Path(pool).expanduser().resolve()
+    load_pool(path)  # fail here, in one line, not inside a flow run
+    return str(path)
+
+
+def _call(flow: Any, request: Any, expected: type) -> Any:
+    """Run ``flow`` in this process with the runtime's settings; its typed result or raise."""
+    from prefect_conductor.runtime.quiet import offline_defaults, quiet_third_party_notices
+
+    offline_defaults()  # before Prefect, MLflow or Hugging Face is imported by the flow
+    quiet_third_party_notices()
+    from prefect_conductor.runtime.server import local_run_settings, wait_until_recorded
+
+    with local_run_settings():
+        state = flow(request, return_state=True)
+        result = state.result(raise_on_failure=False)
+        wait_until_recorded(state.state_details.flow_run_id)
+    if isinstance(result, expected):
+        return result
+    if isinstance(result, BaseException):
+        raise result
+    raise ConductorError(f"{flow.name} ended without a result ({state.name}: {state.message})")
+
+
+def _checked(model: Any, **fields: Any) -> Any:
+    """The request model, or ``ConductorError`` naming the bad field in one line."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(map(str, err["loc"]))
+        raise ConductorError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
+def run(
+    question: str,
+    *,
+    pool: PoolArg = None,
+    conductor: str | None = None,
+    strategy: str = "conductor",
+    reference: str | None = None,
+    rm: str | None = None,
+    seed: int = 0,
+    artifacts: str | None = None,
+) -> RunResult:
+    """Answer ``question``: the conductor writes a plan, the plan runs as a Prefect flow.
+
+    ``strategy`` is any of ``conductor eval``'s (``single:WORKER``, ``random-plan``,
+    ``self-consistency:WORKER:K``, ``best-of-n:N``, ``best-of-n-plan:N``); ``conductor`` an
+    adapter directory, ``models:/conductor@champion`` or ``embedded``; ``reference`` scores
+    the answer (``result.correct``, ``result.reward``)."""
+    from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+    from prefect_conductor.conductor.plan.strategies import parse_strategy
+
+    request = _checked(
+        OrchestrateRequest,
+        question=question,
+        pool=_pool_file(pool),
+        conductor=conductor,
+        strategy=strategy,
+        reference=reference,
+        rm=rm,
+        seed=seed,
+        artifacts=artifacts,
+    )
+    if parse_strategy(request.strategy).best_of:
+        from prefect_conductor.flows.best_of_n import best_of_n as flow
+    else:
+        from prefect_conductor.flows.orchestrate import orchestrate as flow
+    return _call(flow, request, RunResult)
+
+
+def evaluate(
+    dataset: str | Path,
+    *,
+    split: str = "test",
+    limit: int | None = None,
+    strategy: str = "conductor",
+    pool: PoolArg = None,
+    conductor: str | None = None,
+    concurrency: int = 4,
+    samples: int = 1,
+    seed: int = 0,
+    experiment: str | None = None,
+    artifacts: str | None = None,
+) -> EvalResult:
+    """Run ``strategy`` over a data set (``arithmetic``, ``mixed``, ``humaneval`` or a
+    JSONL/Parquet/CSV file); every question is a stored run, the eval one MLflow run."""
+    from prefect_conductor.conductor.plan.requests import EvalRequest
+    from prefect_conductor.flows.evaluate import evaluate as flow
+
+    request = _checked(
+        EvalRequest,
+        dataset=str(dataset),
+        split=split,
+        limit=limit,
+        strategy=strategy,
+        pool=_pool_file(pool),
+        conductor=conductor,
+        concurrency=concurrency,
+        samples=samples,
+        seed=seed,
+        experiment=experiment,
+        artifacts=artifacts,
+    )
+    return _call(flow, request, EvalResult)
+
+
+def train(dataset: str | Path = "mixed", *, pool: PoolArg = None, **settings: Any) -> Any:
+    """Train a conductor for ``pool`` on ``dataset`` (what ``conductor train-conductor``
+    runs); ``settings`` are the training request's fields (``max_steps``, ``warm_start``, …).
+    Returns a ``TrainConductorResult``; the adapter is registered in MLflow."""
+    from prefect_conductor.conductor.training.config import (
+        TrainConductorRequest,
+        TrainConductorResult,
+    )
+    from prefect_conductor.flows.train_conductor import train_conductor as flow
+
+    request = _checked(
+        TrainConductorRequest, dataset=str(dataset), pool=_pool_file(pool), **settings
+    )
+    result: TrainConductorResult = _call(flow, request, TrainConductorResult)
+    return result
