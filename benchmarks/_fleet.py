@@ -1,10 +1,10 @@
-"""The fleet half of ``benchmarks/scale_out.py`` (issue #19): ``conductor eval --fan-out`` over
-1, 2 and 4 ``conductor serve`` processes, and a worker killed mid-eval.
+"""The fleet half of ``python -m benchmarks.scale_out`` (issue #19): ``conductor eval
+--fan-out`` over 1, 2 and 4 ``conductor serve`` processes, and a worker killed mid-eval.
 
-One local stack (``deployments/stack.py up``: PostgreSQL, the S3 server, MLflow's and
+One local stack (``python -m deployments.stack up``: PostgreSQL, the S3 server, MLflow's and
 Prefect's servers) in a temporary directory; host 0 runs the evals, hosts 1..N one serve
-process each, every one with its own home (``tests/fleet.py``). The worker is ``sleepy``, a
-fake worker of fixed latency (``--latency``, 0.5 s), and each serve process answers
+process each, every one with its own home (``prefect_conductor.testing.fleet``). The worker
+is ``sleepy``, a fake worker of fixed latency (``--latency``, 0.5 s), and each serve process answers
 ``--serve-limit`` questions at once, so the fleet's capacity grows with the workers and the
 eval's in-flight bound (``--concurrency``) is above it.
 
@@ -34,12 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.engine_overhead import _busy_cpu_s  # noqa: E402
-from tests.fleet import (  # noqa: E402
+from benchmarks.engine_overhead import _busy_cpu_s
+from prefect_conductor.testing.fleet import (
     CLI,
     Serve,
     conductor,
@@ -50,7 +46,8 @@ from tests.fleet import (  # noqa: E402
     write_pool,
 )
 
-STACK = ROOT / "deployments" / "stack.py"
+ROOT = Path(__file__).resolve().parent.parent
+STACK = [sys.executable, "-m", "deployments.stack"]  # run from ROOT, the repository's root
 KILLED_WORKERS = 3
 # What each long-lived process of the local stack is, by the words of its command line (path
 # parts included): every word of a role's set, else a word that starts with a prefix
@@ -126,11 +123,11 @@ def measure(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
         directory = Path(tmp)
         up = subprocess.run(
-            [sys.executable, str(STACK), "up", "--dir", str(directory / "stack")]
-            + ["--hosts", str(hosts)],
+            [*STACK, "up", "--dir", str(directory / "stack"), "--hosts", str(hosts)],
             capture_output=True,
             text=True,
             timeout=900,
+            cwd=ROOT,
         )
         if up.returncode != 0:
             raise RuntimeError(f"stack.py up failed: {up.stderr[-2000:]}")
@@ -139,9 +136,10 @@ def measure(args: Any) -> dict[str, Any]:
             return _measure(args, state, directory, workers)
         finally:
             subprocess.run(
-                [sys.executable, str(STACK), "down", "--dir", str(directory / "stack")],
+                [*STACK, "down", "--dir", str(directory / "stack")],
                 capture_output=True,
                 timeout=300,
+                cwd=ROOT,
             )
 
 
@@ -246,7 +244,7 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--killed-questions", type=int, default=200)
 
 
-if __name__ == "__main__":  # python benchmarks/_fleet.py: the fleet half alone
+if __name__ == "__main__":  # python -m benchmarks._fleet: the fleet half alone
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -8,7 +8,7 @@ question (input + output), cost per question, failed runs, the conductor's forma
 rate, the eval's wall time, and the accuracy difference to the baseline strategy
 (``--baseline``, default ``single:smol``) on the same dataset.
 
-    python benchmarks/accuracy_report.py [--datasets arithmetic humaneval] [--json]
+    python -m benchmarks.accuracy_report [--datasets arithmetic humaneval] [--json]
 
 The tracking store is ``MLFLOW_TRACKING_URI``, else ``$CONDUCTOR_HOME/mlflow.db`` (as for
 ``conductor eval``). Nothing is evaluated here: run the evals first (see docs/evaluation.md).
@@ -20,12 +20,7 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 COLUMNS = [
     "dataset",

@@ -32,7 +32,7 @@ is a temporary directory. The 1-minute load average is printed with each row: on
 2-core machine other work moves these numbers a lot. Goal (issue #10): <= 6 s to the first
 worker call with a running server and the model cached.
 
-    python benchmarks/cold_start.py [--repeat 3] [--tool-only] [--settings ephemeral,server,served]
+    python -m benchmarks.cold_start [--repeat 3] [--tool-only] [--settings ephemeral,server,served]
                                     [--home DIR] [--json]
 """
 

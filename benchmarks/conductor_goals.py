@@ -16,7 +16,7 @@ then reads every eval's per-question rows back from the Parquet runs table (by `
   plan that did not parse), so a collapse onto one worker shows;
 - valid plans, and the goals table (measured, goal, met).
 
-    python benchmarks/conductor_goals.py [--limit 200] [--arith-limit 200]
+    python -m benchmarks.conductor_goals [--limit 200] [--arith-limit 200]
         [--conductor champion] [--train-result result.json] [--json]
 
 ``--train-result`` takes the ``--json`` output of the ``conductor train-conductor`` run that
@@ -29,19 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset
 
-from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset  # noqa: E402
-
-from benchmarks.mixed_baselines import WORKERS, eval_rows, run_eval, table, tabulate  # noqa: E402
+from benchmarks.mixed_baselines import WORKERS, eval_rows, run_eval, table, tabulate
 
 # The worker each domain's questions should go to (no entry: no single worker solves it).
 ROUTES = {

@@ -18,7 +18,7 @@ time), the goal checks, and the trained conductor's plan diversity per level (di
 topologies and worker mixes; RL orchestrators are known to collapse onto one topology);
 ``--json`` prints the same as one object.
 
-    python benchmarks/conductor_training.py [--limit 200] [--conductor embedded] [--json]
+    python -m benchmarks.conductor_training [--limit 200] [--conductor embedded] [--json]
 """
 
 from __future__ import annotations
@@ -29,12 +29,7 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SINGLES = ("single:calculator", "single:python", "single:smol")
 COSTLY = ("conductor-base", "self-consistency:smol:5")

@@ -1,10 +1,11 @@
 """Engine overhead: how much wall time ``orchestrate`` adds over a plan's critical path.
 
-Every step is a fake worker (``fake/sleep-0.5``, tests/fakes.py), so a plan of depth d takes
-at best ``critical_s = d * 0.5``. Shapes, each run through the real ``orchestrate`` flow with
-its plan from the scripted ``fake/plan`` conductor (the paper's three lists): ``single``,
-``chain5`` (step i reads [i-1]), ``fanout8`` (8 independent steps, a join reading "all"),
-``grid16x4`` (16 wide, 4 deep; a step in layer k>0 reads its column's step in layer k-1).
+Every step is a fake worker (``fake/sleep-0.5``, ``prefect_conductor.testing.fakes``), so a
+plan of depth d takes at best ``critical_s = d * 0.5``. Shapes, each run through the real
+``orchestrate`` flow with its plan from the scripted ``fake/plan`` conductor (the paper's three
+lists): ``single``, ``chain5`` (step i reads [i-1]), ``fanout8`` (8 independent steps, a join
+reading "all"), ``grid16x4`` (16 wide, 4 deep; a step in layer k>0 reads its column's step in
+layer k-1).
 
 Reading a row: ``wall_s``, the median wall time around ``orchestrate(...)``; ``run_wall_s``,
 the flow's own ``RunResult.wall_s`` (the gap is flow-run start-up and teardown);
@@ -31,8 +32,9 @@ of completion/acompletion overlaps better inside Prefect: ``prefect-sync`` (sync
 tasks, ``litellm.acompletion``, submitted with ``wait_for``: each runs in a pool thread with
 its own event loop) and ``prefect-async-gather`` (the same tasks awaited on the flow's loop).
 
-The runs happen in a child process (``--child``); the parent scans its whole stderr, shutdown
-included, for "database is locked", "Traceback" and "CancelledError", and notes the load.
+The runs happen in a child process (``python -m benchmarks.engine_overhead --child``, from the
+repository's root); the parent scans its whole stderr, shutdown included, for "database is
+locked", "Traceback" and "CancelledError", and notes the load.
 ``server_start_s`` is the first (trivial) flow's wall time: the ephemeral server's start-up.
 """
 
@@ -235,7 +237,7 @@ def _measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     from prefect_conductor.flows.orchestrate import orchestrate
 
     from prefect_conductor.runtime.server import wait_until_recorded
-    from tests.fakes import PLANS, register_fake_provider
+    from prefect_conductor.testing.fakes import PLANS, register_fake_provider
 
     register_fake_provider()
     pool = home / "pool.yaml"
@@ -357,7 +359,8 @@ def parent(args: argparse.Namespace) -> int:
         if "PREFECT_API_URL" not in os.environ:
             # A fresh database: other sessions' runs in ~/.prefect must not skew the timings.
             env["PREFECT_HOME"] = str(Path(tmp) / "prefect")
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", "--home", tmp]
+        cmd = [sys.executable, "-m", "benchmarks.engine_overhead", *sys.argv[1:], "--child"]
+        cmd += ["--home", tmp]
         load, busy, t0 = os.getloadavg()[0], _busy_cpu_s(), time.perf_counter()
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -427,7 +430,6 @@ def main() -> int:
         ap.error(f"need --repeat >= 1 and --settle >= 0, got {args.repeat} and {args.settle}")
     if not args.child:
         return parent(args)
-    sys.path.insert(0, str(ROOT))  # tests/fakes.py and flows/ live at the repository root
     report = child(args, Path(args.home))
     Path(args.home, "out.json").write_text(json.dumps(report))
     return 0

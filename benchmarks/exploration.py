@@ -19,7 +19,7 @@ and for each scheme it reads the runs back from the Parquet store (by ``eval_id`
   verified-correct plans found, the material of a round of verified self-sampling;
 - solved per domain, valid plans, rollouts per second.
 
-    python benchmarks/exploration.py --conductor DIR [--budget 96] [--groups 4 8 16]
+    python -m benchmarks.exploration --conductor DIR [--budget 96] [--groups 4 8 16]
         [--offset 100] [--json]
 
 The questions are the ``mixed`` training split from ``--offset`` on (after those a
@@ -33,20 +33,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from prefect_conductor.conductor.data.datasets import load_dataset
 
-from prefect_conductor.conductor.data.datasets import load_dataset  # noqa: E402
-
-from benchmarks.mixed_baselines import run_eval  # noqa: E402
+from benchmarks.mixed_baselines import run_eval
 
 
 def _questions_file(directory: Path, offset: int, n: int, seed: int) -> Path:

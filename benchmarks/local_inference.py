@@ -28,7 +28,7 @@ are reported apart). The 1-minute load average is printed next to every figure: 
 Anchors measured earlier on 2 cores, fp32: 19.8 tok/s for one stream, 81.6 tok/s for 8 prompts
 batched by hand, 23.4 s for the first GGUF load.
 
-    python benchmarks/local_inference.py [--max-tokens 64] [--repeat 1] [--plans 8] [--skip-load]
+    python -m benchmarks.local_inference [--max-tokens 64] [--repeat 1] [--plans 8] [--skip-load]
                                          [--json]
 """
 
@@ -51,7 +51,6 @@ from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "local/smollm2-135m-instruct"
 PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -82,7 +81,7 @@ def load1() -> float:
 
 def cold_load(home: Path) -> dict[str, float]:
     """One fresh process: import time and ``LocalModelRegistry.get`` time, in seconds."""
-    env = {**os.environ, "CONDUCTOR_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CONDUCTOR_HOME": str(home)}
     before = load1()
     proc = subprocess.run(
         [sys.executable, "-c", LOAD_CHILD],

@@ -10,7 +10,7 @@ The **oracle router** counts a question as correct if any single worker got it r
 ceiling of a conductor that only routes whole questions (issue #18's routing goal is 90 % of
 it; answers no single worker gives, such as word problems, can beat it).
 
-    python benchmarks/mixed_baselines.py [--limit 100] [--concurrency 4] [--json]
+    python -m benchmarks.mixed_baselines [--limit 100] [--concurrency 4] [--json]
 
 Evals go to ``$CONDUCTOR_HOME`` (default ``./.conductor``), as for ``conductor eval``.
 """
@@ -27,11 +27,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset
 
-from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 WORKERS = ("calculator", "python", "smol")
 

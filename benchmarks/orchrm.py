@@ -16,7 +16,7 @@ In one invocation, on the artifact store and the MLflow registry of ``$CONDUCTOR
 Prints a table and the goal checks; ``--json`` prints one object. Evals named in ``--reuse``
 are read back from the latest finished MLflow eval instead of run again.
 
-    python benchmarks/orchrm.py [--n 8] [--limit 50] [--rm models:/orchrm@champion] [--json]
+    python -m benchmarks.orchrm [--n 8] [--limit 50] [--rm models:/orchrm@champion] [--json]
 """
 
 from __future__ import annotations
@@ -29,10 +29,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def _pairs(split: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -74,8 +70,9 @@ def _throughput(rm: str, questions: int = 16, n: int = 8) -> dict[str, float]:
     from prefect_conductor.conductor.plan.strategies import random_plan
     from prefect_conductor.conductor.pool import load_pool
     from prefect_conductor.reward_model.model import load_reward_model
+    from prefect_conductor.tasks.registry import download_registered
 
-    pool, model = load_pool(), load_reward_model(rm)
+    pool, model = load_pool(), load_reward_model(rm, download_registered)
     workers = describe_workers(pool)
     examples = load_dataset("arithmetic", split="test", limit=questions)
     rng = random.Random(0)

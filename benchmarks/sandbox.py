@@ -11,7 +11,7 @@ Two measurements, each against the rlimit-only baseline (``sandbox: process``) i
   with its own temporary Prefect server; ``steps_per_s = questions / eval wall_s`` (the flow's
   own wall time, server start excluded), and the accuracy, which must be 100 % in both.
 
-    python benchmarks/sandbox.py [--calls 50] [--questions 50] [--concurrency 4] [--json]
+    python -m benchmarks.sandbox [--calls 50] [--questions 50] [--concurrency 4] [--json]
 """
 
 from __future__ import annotations
@@ -30,11 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from prefect_conductor.conductor.providers.tools.sandbox import run_sandboxed  # noqa: E402
+from prefect_conductor.conductor.providers.tools.sandbox import run_sandboxed
 
 GOAL_MS = 50.0
 TRIVIAL = "print(1)"
@@ -99,7 +95,7 @@ def eval_throughput(questions: int, concurrency: int, work: Path) -> dict[str, A
         pool = work / f"pool-{mode}.yaml"
         pool.write_text(yaml.safe_dump(_pool(mode)))
         env = {**os.environ, "CONDUCTOR_HOME": str(work / f"home-{mode}")}
-        env |= {"PREFECT_HOME": str(work / f"prefect-{mode}"), "PYTHONPATH": str(ROOT)}
+        env["PREFECT_HOME"] = str(work / f"prefect-{mode}")
         env.pop("PREFECT_API_URL", None)
         env.pop("MLFLOW_TRACKING_URI", None)
         cmd = [sys.executable, "-m", "prefect_conductor.cli.app", "eval", "--dataset", str(data)]

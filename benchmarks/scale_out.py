@@ -25,9 +25,9 @@ runs): the 1-minute load average before and after, the busy share of all CPUs, a
 seconds of this benchmark and of everything else. ``stderr_problems`` counts "database is
 locked", tracebacks and ``CancelledError`` in the child's stderr.
 
-Then the fleet (``benchmarks/_fleet.py``, skipped with ``--no-fleet``): one local stack of
-``deployments/stack.py`` and ``conductor eval --fan-out`` over 1, 2 and 4 ``conductor serve``
-processes (each its own home) with a 0.5 s fake worker: ``efficiency`` ({"2": .., "4": ..},
+Then the fleet (``benchmarks/_fleet.py``, skipped with ``--no-fleet``): one local stack
+(``python -m deployments.stack``) and ``conductor eval --fan-out`` over 1, 2 and 4 ``conductor
+serve`` processes (each its own home) with a 0.5 s fake worker: ``efficiency`` ({"2": .., "4": ..},
 ``q/s(N) / (N * q/s(1))``, goal >= 0.8), and ``killed_worker`` ({"lost": .., "duplicated":
 ..}, goal 0 and 0): 200 questions over 3 workers, one SIGKILLed mid-question.
 
@@ -52,11 +52,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks import _fleet
+from benchmarks.engine_overhead import _busy_cpu_s, _problems, _table
 
-from benchmarks import _fleet  # noqa: E402
-from benchmarks.engine_overhead import _busy_cpu_s, _problems, _table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 GOAL_QPS = 5.0
 DATASET, SPLIT, STRATEGY, WORKER = "arithmetic", "test", "single:calculator", "calculator"
@@ -238,7 +237,10 @@ def parent(args: argparse.Namespace) -> int:
         if "PREFECT_API_URL" not in os.environ:
             # A fresh database: other sessions' runs in ~/.prefect must not skew the timings.
             env["PREFECT_HOME"] = str(Path(tmp) / "prefect")
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", "--home", tmp]
+        # From root, which ``-m`` puts first on the child's sys.path (then PYTHONPATH: root,
+        # and this checkout for its benchmarks when root has none).
+        cmd = [sys.executable, "-m", "benchmarks.scale_out", *sys.argv[1:], "--child"]
+        cmd += ["--home", tmp]
         load, busy, t0 = os.getloadavg()[0], _busy_cpu_s(), time.perf_counter()
         proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -341,8 +343,6 @@ def main() -> int:
         ap.error("need --questions >= 1, --warm-up >= 1 and 1 <= --concurrency <= 64")
     if not args.child:
         return parent(args)
-    if args.root:  # measure that checkout's flows, not this one's
-        sys.path.insert(0, str(Path(args.root).resolve()))
     report = child(args, Path(args.home))
     Path(args.home, "out.json").write_text(json.dumps(report))
     return 0

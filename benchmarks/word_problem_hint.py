@@ -22,7 +22,7 @@ the calculator tool (the same function the worker runs) and compared with the re
 which only verifies. Reported per arm: valid plans, calculator plans, plans whose expression
 uses only numbers that appear in the question, right plans, and questions with a right plan.
 
-    python benchmarks/word_problem_hint.py [--questions 16] [--samples 4] [--json]
+    python -m benchmarks.word_problem_hint [--questions 16] [--samples 4] [--json]
         [--hint FILE ...] [--match REGEX --per-match N]
 """
 
@@ -31,25 +31,20 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from prefect_conductor.conductor.data.datasets import load_dataset  # noqa: E402
-from prefect_conductor.conductor.errors import ConductorError  # noqa: E402
-from prefect_conductor.conductor.plan.parse import parse_plan  # noqa: E402
-from prefect_conductor.conductor.plan.prompts import conductor_messages  # noqa: E402
-from prefect_conductor.conductor.pool import Pool, load_pool  # noqa: E402
-from prefect_conductor.conductor.providers.llm import complete  # noqa: E402
-from prefect_conductor.conductor.providers.tools.calculator import extract_expression  # noqa: E402
-from prefect_conductor.conductor.providers.tools.provider import answer_calculator  # noqa: E402
-from prefect_conductor.conductor.training.hints import load_hint  # noqa: E402
+from prefect_conductor.conductor.data.datasets import load_dataset
+from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.plan.prompts import conductor_messages
+from prefect_conductor.conductor.pool import Pool, load_pool
+from prefect_conductor.conductor.providers.llm import complete
+from prefect_conductor.conductor.providers.tools.calculator import extract_expression
+from prefect_conductor.conductor.providers.tools.provider import answer_calculator
+from prefect_conductor.conductor.training.hints import load_hint
 
 HINT = "word-problems"  # stories the generator does not use, one per operation shape
 

@@ -1,8 +1,8 @@
 """The shared services of many hosts, on one machine (issue #19).
 
-    python deployments/stack.py up   [--dir DIR] [--hosts N] [--timeout S]
-    python deployments/stack.py env  [--dir DIR] [--host I]     # eval "$(… env --host 1)"
-    python deployments/stack.py down [--dir DIR]
+    python -m deployments.stack up   [--dir DIR] [--hosts N] [--timeout S]
+    python -m deployments.stack env  [--dir DIR] [--host I]     # eval "$(… env --host 1)"
+    python -m deployments.stack down [--dir DIR]
 
 ``up`` starts, each on a free port of 127.0.0.1 and each in a process group of its own:
 
@@ -50,12 +50,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The stack's parts, next to this file; run as a script (python deployments/stack.py), the
-# repository root goes on the path first, so they import the same way either way.
-if not __package__:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deployments._stack_postgres import PG_USER, Postgres, create_databases  # noqa: E402
-from deployments._stack_processes import (  # noqa: E402
+# The stack's parts, next to this file: run from the repository's root as a module
+# (python -m deployments.stack), so they import as deployments.* with no path hack (issue #39).
+from deployments._stack_postgres import PG_USER, Postgres, create_databases
+from deployments._stack_processes import (
     StackError,
     answers,
     base_env,

@@ -1,6 +1,5 @@
-"""Best-of-N with OrchRM (arXiv 2606.13598), and the tasks that run a question:
-``run_question`` as its own ``orchestrate`` (or ``best-of-n``) flow run, which stores it (GRPO's
-rollouts), and ``eval_question`` inside its own task run, its rows left to the eval to store.
+"""Best-of-N with OrchRM (arXiv 2606.13598), and ``QUESTION_FLOWS``: the flows that the
+question tasks (``tasks/questions.py``) run, handed to them by the flows that submit them.
 
 - ``best-of-n:N[:PROPOSER]``: N plans are proposed and all N run (``orchestrate`` subflows,
   concurrently); OrchRM scores each plan with its step outputs and the best run is the answer.
@@ -21,17 +20,12 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from typing import Any
 
-import httpx
-from prefect import flow, task
+from prefect import flow
 from prefect.artifacts import create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import PrefectHTTPStatusError
-from prefect.runtime import flow_run, task_run
+from prefect.runtime import flow_run
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
-from prefect_conductor.conductor.adapters import with_conductor
 from prefect_conductor.conductor.data.verify import answer_key
 from prefect_conductor.conductor.errors import PlanError
 from prefect_conductor.conductor.plan.parse import parse_plan
@@ -46,78 +40,16 @@ from prefect_conductor.conductor.plan.strategies import (
     random_plan_seed,
 )
 from prefect_conductor.conductor.pool import Pool, load_pool
-from prefect_conductor.flows.orchestrate import RunOutcome, orchestrate, run_unstored
+from prefect_conductor.flows.orchestrate import orchestrate, run_unstored
 from prefect_conductor.reward_model.model import CHAMPION
 from prefect_conductor.tasks.planning import write_plan
+from prefect_conductor.tasks.questions import QuestionFlows, run_candidate
+from prefect_conductor.tasks.registry import with_conductor
 from prefect_conductor.tasks.reward_model import score_plans
 
-__all__ = ["best_of_n", "eval_question", "run_question", "DEFAULT_RM"]
+__all__ = ["QUESTION_FLOWS", "best_of_n", "DEFAULT_RM"]
 
 DEFAULT_RM = CHAMPION
-QUESTION_RETRIES = 2
-
-
-def _api_failure(task: object, task_run: object, state: State) -> bool:
-    """Retry a question whose run the Prefect API failed (a 5xx, a dropped connection).
-
-    A loaded ephemeral server can answer 503 when its SQLite database is busy; the question
-    itself is fine and runs again. Failures of the question's own run are in its RunResult.
-    """
-    try:
-        state.result()
-    except PrefectHTTPStatusError as exc:
-        return exc.response.status_code >= 500
-    except httpx.TransportError:
-        return True
-    except Exception:  # noqa: BLE001 - anything else is not the API's doing
-        return False
-    return False
-
-
-def _finished(state: State, what: str) -> RunResult:
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, RunResult):
-        return result
-    if isinstance(result, BaseException):
-        raise result  # as is, so the retry condition sees a Prefect API 5xx for what it is
-    raise RuntimeError(f"{what}: {result}")
-
-
-# Both kinds of question task: one task run per question, retried only when the Prefect API
-# failed it (``_api_failure``).
-_QUESTION_TASK: dict[str, Any] = {
-    "cache_policy": NO_CACHE,
-    "name": "question",
-    "task_run_name": "question {request.question_id}",
-    "retries": QUESTION_RETRIES,
-    "retry_delay_seconds": 2,
-    "retry_condition_fn": _api_failure,
-}
-
-
-@task(**_QUESTION_TASK)
-def run_question(request: OrchestrateRequest) -> RunResult:
-    """One question through its flow (best-of-n or orchestrate); a failed run still returns
-    its result."""
-    if parse_strategy(request.strategy).best_of:
-        return _finished(best_of_n(request, return_state=True), f"question {request.question_id}")
-    return _finished(orchestrate(request, return_state=True), f"question {request.question_id}")
-
-
-@task(**_QUESTION_TASK, persist_result=False)  # the rows go to the store, the summary to the eval
-def eval_question(request: OrchestrateRequest) -> RunOutcome | RunResult:
-    """An eval's question, in this task run (its id is the run id, the same on a retry): the
-    plan's steps are task runs under it, and its rows come back unstored for the eval to
-    store in batches. A best-of-n question runs its ``best-of-n`` flow, which stores its
-    candidates itself, and returns the chosen run."""
-    if parse_strategy(request.strategy).best_of:
-        return _finished(best_of_n(request, return_state=True), f"question {request.question_id}")
-    return run_unstored(request, str(task_run.id))
-
-
-@task(cache_policy=NO_CACHE, name="candidate", task_run_name="candidate {index}")
-def run_candidate(request: OrchestrateRequest, index: int) -> RunResult:
-    return _finished(orchestrate(request, return_state=True), f"candidate {index}")
 
 
 def _question_id(request: OrchestrateRequest) -> str:
@@ -222,14 +154,14 @@ def best_of_n(request: OrchestrateRequest) -> RunResult | State:
     n = len(proposals)
     if strategy.kind == "best-of-n-plan":
         chosen = _argmax(plan_scores)
-        result = run_candidate(candidate(chosen, True), chosen)
+        result = run_candidate(candidate(chosen, True), chosen, QUESTION_FLOWS)
         results: list[RunResult | None] = [None] * n
         results[chosen] = result
         scores = plan_scores
         selection: dict[str, object] = {"executed": 1}
         tokens = result.input_tokens + result.output_tokens
     else:
-        futures = [run_candidate.submit(candidate(k, None), k) for k in range(n)]
+        futures = [run_candidate.submit(candidate(k, None), k, QUESTION_FLOWS) for k in range(n)]
         done = [f.result() for f in futures]
         scores = score_plans(rm, request.question, plans, [r.step_outputs for r in done], workers)
         chosen = _argmax(scores)
@@ -287,3 +219,10 @@ def best_of_n(request: OrchestrateRequest) -> RunResult | State:
     if out.status != "completed":
         return Failed(message=out.reason or "the chosen run failed", data=out)
     return out
+
+
+#: What the question tasks run (``tasks/questions.py``): ``tasks/`` imports no ``flows/``, so
+#: the flow that submits a question task hands it these.
+QUESTION_FLOWS = QuestionFlows(
+    orchestrate=orchestrate, best_of_n=best_of_n, run_unstored=run_unstored
+)

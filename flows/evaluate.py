@@ -1,6 +1,6 @@
 """The ``evaluate`` flow: one strategy over a dataset, every question a tracked run.
 
-Each question is a ``question`` task run of the eval (``flows.best_of_n.eval_question``): the
+Each question is a ``question`` task run of the eval (``tasks.questions.eval_question``): the
 same plan, step task runs and verification as an ``orchestrate`` run, at most ``concurrency``
 at once, without a flow run or artifacts of its own. Its run lands in the artifact store, tagged
 with the eval id and strategy; the eval stores finished runs in batches (``RunBatch``), one
@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -43,20 +44,21 @@ from prefect_conductor.conductor.plan.requests import (
 )
 from prefect_conductor.conductor.plan.strategies import parse_strategy
 from prefect_conductor.conductor.pool import load_pool
-from prefect_conductor.flows.best_of_n import eval_question, run_question
-from prefect_conductor.flows.orchestrate import TASK_RUNNER_WORKERS, RunOutcome
+from prefect_conductor.flows.best_of_n import QUESTION_FLOWS
+from prefect_conductor.flows.orchestrate import TASK_RUNNER_WORKERS
 from prefect_conductor.tasks.artifacts import (
     EvalProgress,
     RunBatch,
     publish_eval_runs,
     publish_eval_summary,
 )
+from prefect_conductor.tasks.questions import RunOutcome, eval_question
 from prefect_conductor.tasks.tracking import log_eval
 from pydantic import ValidationError
 
 from prefect_conductor.runtime.server import result_storage
 
-__all__ = ["evaluate", "eval_question", "run_question"]
+__all__ = ["evaluate"]
 
 # A conductor sampled several times per question (``--samples``) samples at this temperature
 # (the Conductor paper's rollout temperature).
@@ -264,7 +266,7 @@ def evaluate(request: EvalRequest) -> EvalResult:
         batch.flush_if_due()
 
     futures: list[PrefectFuture | RunOutcome] = []  # a RunOutcome: a question not asked
-    submit = eval_question.submit
+    submit = partial(eval_question.submit, flows=QUESTION_FLOWS)
     if request.fan_out:  # fan-out hook (issue #19): the questions run on the fleet
         from prefect_conductor.fleet.fanout import Fleet
 

@@ -6,9 +6,11 @@ has finished and independent steps overlap in the thread pool. A failed step's d
 never run: Prefect leaves them not-ready and we record them as ``skipped``. The paper runs
 steps in sequence; running them in parallel is our addition.
 
-Recursion (paper §4): a worker of kind ``conductor`` runs a nested planning round as a
-subflow, which either accepts the last visible response (three empty lists) or runs its own
-plan at ``depth + 1`` and returns that plan's answer.
+Recursion (paper §4): a step whose worker is of kind ``conductor`` is a ``conductor-step``
+task run (``tasks/recursion.py``), a nested planning round, which either accepts the last
+visible response (three empty lists) or runs its own plan at ``depth + 1`` as a
+``conductor-round`` subflow (``conductor_round``, which ``execute`` hands to the task) and
+returns that plan's answer.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture, wait
 from prefect.logging.loggers import flow_run_logger
@@ -30,13 +31,12 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
-from prefect_conductor.conductor.adapters import with_conductor
 from prefect_conductor.conductor.data.datasets import Example
 from prefect_conductor.conductor.data.records import RunRecord, StepRecord
 from prefect_conductor.conductor.data.verify import answer_key
-from prefect_conductor.conductor.errors import ConductorError, PlanError, WorkerError
+from prefect_conductor.conductor.errors import ConductorError, PlanError
 from prefect_conductor.conductor.home import artifacts_location
-from prefect_conductor.conductor.plan.parse import extract_plan, parse_plan, validate_plan
+from prefect_conductor.conductor.plan.parse import parse_plan
 from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
 from prefect_conductor.conductor.plan.strategies import (
     SELF_CONSISTENCY_TEMPERATURE,
@@ -58,13 +58,16 @@ from prefect_conductor.tasks.artifacts import (
     save_run,
     store_root,
 )
-from prefect_conductor.tasks.planning import write_nested_plan, write_plan
+from prefect_conductor.tasks.planning import write_plan
+from prefect_conductor.tasks.questions import RunOutcome
+from prefect_conductor.tasks.recursion import Execution, NestedRoundError, RunIds, conductor_step
+from prefect_conductor.tasks.registry import with_conductor
 from prefect_conductor.tasks.verify import verify_answer
 from prefect_conductor.tasks.workers import StepOutcome, step_run_name, step_task_for
 
 from prefect_conductor.runtime.server import result_storage
 
-__all__ = ["RunOutcome", "conductor_round", "orchestrate", "run_unstored"]
+__all__ = ["conductor_round", "orchestrate", "run_unstored"]
 
 # Enough threads for the widest layer we expect; I/O-bound worker calls mostly wait.
 TASK_RUNNER_WORKERS = 64
@@ -81,21 +84,6 @@ PROGRESS.propagate = False
 PROGRESS.addHandler(logging.NullHandler())
 
 
-@dataclass(frozen=True)
-class _RunIds:
-    run_id: str
-    question_id: str
-    question: str
-    max_steps: int
-
-
-@dataclass
-class _Execution:
-    records: list[StepRecord] = field(default_factory=list)
-    answer: str | None = None
-    reason: str | None = None
-
-
 @dataclass
 class _Usage:
     """Run totals. The cost becomes unknown (``None``) as soon as one call's cost is."""
@@ -108,14 +96,6 @@ class _Usage:
         self.input_tokens += inp or 0
         self.output_tokens += out or 0
         self.cost_usd = None if self.cost_usd is None or cost is None else self.cost_usd + cost
-
-
-class NestedRoundError(WorkerError):
-    """A nested plan failed; carries its step records so completed work is still stored."""
-
-    def __init__(self, message: str, records: list[StepRecord]):
-        super().__init__(message, retryable=False)
-        self.records = records
 
 
 def _one_line(exc: BaseException) -> str:
@@ -132,7 +112,7 @@ def _run_name() -> str:
 
 
 def _record(
-    ids: _RunIds, step: Step, model: str, depth: int, parent: int | None, **kw: Any
+    ids: RunIds, step: Step, model: str, depth: int, parent: int | None, **kw: Any
 ) -> StepRecord:
     return StepRecord(
         run_id=ids.run_id,
@@ -151,11 +131,11 @@ def _record(
 def execute(
     workflow: Workflow,
     pool: Pool,
-    ids: _RunIds,
+    ids: RunIds,
     depth: int = 0,
     parent: int | None = None,
     while_running: Callable[[], None] | None = None,
-) -> _Execution:
+) -> Execution:
     """Submit every step with its upstream futures, wait, and turn states into records.
 
     ``while_running`` (e.g. publishing the plan artifact) runs once every step is submitted,
@@ -170,7 +150,14 @@ def execute(
         if worker.kind == "conductor":
             submit = conductor_step.with_options(task_run_name=step_run_name(step, depth))
             futures[step.index] = submit.submit(
-                quote(step), visible, instructions, quote(pool), quote(workflow), ids, depth
+                quote(step),
+                visible,
+                instructions,
+                quote(pool),
+                quote(workflow),
+                ids,
+                depth,
+                conductor_round,  # the nested plan's subflow: tasks/ import no flows/
             )
         else:
             if worker.name not in step_tasks:
@@ -187,7 +174,7 @@ def execute(
         while_running()
     wait(list(futures.values()))
 
-    out = _Execution()
+    out = Execution()
     broken: dict[int, str] = {}  # step -> why its dependents are skipped
     for step in workflow.steps:
         model = pool.worker(step.worker).model or pool.conductor.model
@@ -237,70 +224,14 @@ def execute(
     return out
 
 
-@task(cache_policy=NO_CACHE, name="conductor-step")
-def conductor_step(
-    step: Step,
-    visible: list[StepOutcome],
-    instructions: list[str],
-    pool: Pool,
-    parent: Workflow,
-    ids: _RunIds,
-    depth: int,
-) -> StepOutcome:
-    """A step whose worker is the conductor itself: one nested planning round."""
-    last = visible[-1].output if visible else None
-    started = StepOutcome.now()
-    completion, messages = write_nested_plan(
-        ids.question, pool, parent, step.instruction, last, ids.max_steps
-    )
-    usage = {
-        "input_tokens": completion.input_tokens,
-        "output_tokens": completion.output_tokens,
-        "cost_usd": completion.cost_usd,
-    }
-    try:
-        raw = extract_plan(completion.text)
-        accept = raw.is_empty
-        nested = (
-            None
-            if accept
-            else validate_plan(
-                raw,
-                pool,
-                max_steps=ids.max_steps,
-                allow_conductor=depth + 1 < pool.conductor.max_depth,
-            )
-        )
-    except PlanError:
-        # Like the top level's fallback: an unusable nested plan keeps what we have.
-        accept, nested = True, None
-    if accept or nested is None:
-        if last is None:
-            raise WorkerError(
-                f"step {step.index}: the nested conductor accepted, but it sees no response"
-            )
-        return StepOutcome.build(last, pool.conductor.model, messages, started, **usage)
-    result = conductor_round(nested, pool, ids, depth + 1, step.index)
-    if result.reason is not None:
-        raise NestedRoundError(f"nested plan of step {step.index}: {result.reason}", result.records)
-    return StepOutcome.build(
-        result.answer or "",
-        pool.conductor.model,
-        messages,
-        started,
-        children=tuple(result.records),
-        **usage,
-    )
-
-
 @flow(
     name="conductor-round",
     flow_run_name="nested plan (depth {depth})",
     task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
 )
 def conductor_round(
-    workflow: Workflow, pool: Pool, ids: _RunIds, depth: int, parent: int
-) -> _Execution:
+    workflow: Workflow, pool: Pool, ids: RunIds, depth: int, parent: int
+) -> Execution:
     """Run a nested plan (recursion) as a subflow."""
     return execute(workflow, pool, ids, depth, parent)
 
@@ -360,7 +291,7 @@ def _single_subtask(strategy: Strategy, request: OrchestrateRequest, pool: Pool)
 
 
 def _make_plan(
-    request: OrchestrateRequest, pool: Pool, strategy: Strategy, ids: _RunIds, usage: _Usage
+    request: OrchestrateRequest, pool: Pool, strategy: Strategy, ids: RunIds, usage: _Usage
 ) -> _Plan:
     """The plan for this run: written by the conductor, or built by a baseline strategy."""
     if strategy.kind == "single":
@@ -399,7 +330,7 @@ def _make_plan(
         return _Plan(Workflow.single_step(pool.default.name, request.question), plan.text, str(exc))
 
 
-def _answer(execution: _Execution, strategy: Strategy, kind: str) -> str | None:
+def _answer(execution: Execution, strategy: Strategy, kind: str) -> str | None:
     if strategy.kind != "self-consistency" or execution.reason is not None:
         return execution.answer
     outputs = [
@@ -423,20 +354,11 @@ def _log_answer(result: RunResult, log: Callable[[], Any]) -> None:
 
 
 @dataclass
-class RunOutcome:
-    """A finished run: what it returns, and its rows for the artifact store (not yet stored)."""
-
-    result: RunResult
-    run: RunRecord
-    steps: list[StepRecord]
-
-
-@dataclass
 class _Done:
     run: RunRecord
     records: list[StepRecord]
     plan: _Plan
-    execution: _Execution
+    execution: Execution
     started: float
 
 
@@ -459,7 +381,7 @@ def _run_request(
     strategy = parse_strategy(request.strategy, pool)
     if strategy.kind == "self-consistency":
         pool = pool.with_sampling(strategy.worker or "", SELF_CONSISTENCY_TEMPERATURE)
-    ids = _RunIds(
+    ids = RunIds(
         run_id=run_id,
         question_id=request.question_id or _question_id(request.question),
         question=request.question,
@@ -467,7 +389,7 @@ def _run_request(
     )
     usage = _Usage()
     plan = _Plan()
-    execution = _Execution()
+    execution = Execution()
     try:
         plan = _make_plan(request, pool, strategy, ids, usage)
         execution.reason = plan.reason

@@ -42,7 +42,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
-from prefect_conductor.conductor.adapters import EMBEDDED_ADAPTER, INCUMBENT, resolve_conductor
+from prefect_conductor.conductor.adapters import EMBEDDED_ADAPTER, INCUMBENT
 from prefect_conductor.conductor.data.datasets import load_dataset
 from prefect_conductor.conductor.data.store import ArtifactStore
 from prefect_conductor.conductor.errors import ConductorError
@@ -63,10 +63,11 @@ from prefect_conductor.conductor.training.config import (
 from prefect_conductor.conductor.training.hints import hint_rotations
 from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
 from prefect_conductor.conductor.training.warm_start import warm_start_examples
-from prefect_conductor.flows.best_of_n import run_question
+from prefect_conductor.flows.best_of_n import QUESTION_FLOWS
 from prefect_conductor.flows.evaluate import evaluate
-from prefect_conductor.flows.orchestrate import RunOutcome
 from prefect_conductor.tasks.artifacts import RunBatch
+from prefect_conductor.tasks.questions import RunOutcome, run_question
+from prefect_conductor.tasks.registry import resolve_conductor
 from prefect_conductor.tasks.training import (
     EXPERIMENT,
     champion_exists,
@@ -106,7 +107,9 @@ def _run_all(
     futures = []
     for req in requests:
         gate.acquire()
-        future = fleet.submit(req) if fleet is not None else run_question.submit(req)
+        future = (
+            fleet.submit(req) if fleet is not None else run_question.submit(req, QUESTION_FLOWS)
+        )
         future.add_done_callback(lambda _f: gate.release())
         futures.append(future)
     if fleet is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefect_conductor.conductor.adapters import Download
 from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.plan.workflow import Workflow
 from prefect_conductor.reward_model.documents import plan_document, raw_plan_document, reward_input
@@ -281,12 +282,17 @@ _LOADED: dict[str, OrchRM] = {}
 _LOADING = threading.Lock()
 
 
-def _resolve(ref: str) -> Path:
+def _resolve(ref: str, download: Download | None) -> Path:
     if ref.startswith("models:/"):
-        from prefect_conductor.conductor.adapters import AdapterError, download_registered
+        from prefect_conductor.conductor.adapters import AdapterError
 
+        if download is None:  # the registry is read by the task layer (issue #39)
+            raise RewardModelError(
+                f"OrchRM {ref}: a model-registry reference; load it through "
+                "prefect_conductor.tasks.registry or name a model directory"
+            )
         try:
-            return download_registered(ref)
+            return download(ref)
         except AdapterError as exc:
             raise RewardModelError(
                 f"OrchRM {exc}; train one with `conductor train-rm`, or name a model directory"
@@ -297,10 +303,11 @@ def _resolve(ref: str) -> Path:
     return path
 
 
-def load_reward_model(ref: str) -> OrchRM:
-    """A directory or ``models:/orchrm@ALIAS``; loaded once per process and cached."""
+def load_reward_model(ref: str, download: Download | None = None) -> OrchRM:
+    """A directory, or ``models:/orchrm@ALIAS`` with the task layer's ``download``
+    (``prefect_conductor.tasks.registry.download_registered``); loaded once per process."""
     with _LOADING:
-        path = _resolve(ref)
+        path = _resolve(ref, download)
         key = str(path)
         if key not in _LOADED:
             from peft import PeftModel

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_conductor.conductor.adapters import Download
 from prefect_conductor.conductor.errors import PlanError
 from prefect_conductor.conductor.plan.parse import parse_plan
 from prefect_conductor.conductor.plan.prompts import describe_workers
@@ -17,18 +18,21 @@ from prefect_conductor.conductor.pool import Pool
 from prefect_conductor.conductor.training.rewards import completion_text
 from prefect_conductor.reward_model.model import load_reward_model
 
-__all__ = ["OrchRMReward", "orchrm_reward"]
+__all__ = ["OrchRMReward"]
 
 
 class OrchRMReward:
-    """Scores each completion's plan with OrchRM (``rm``: a directory or ``models:/…``)."""
+    """Scores each completion's plan with OrchRM (``rm``: a directory, or ``models:/…`` with
+    the task layer's ``download``). A plain TRL reward function once built; no process-wide
+    default instance (issue #39)."""
 
     __name__ = "orchrm"
 
-    def __init__(self, rm: str, pool: Pool):
+    def __init__(self, rm: str, pool: Pool, download: Download | None = None):
         self.rm = rm
         self.pool = pool
-        self._model = load_reward_model(rm)  # fails now, in one line, if it does not exist
+        # Fails now, in one line, if it does not exist.
+        self._model = load_reward_model(rm, download)
 
     def _plan(self, text: str) -> dict[str, Any] | str:
         try:
@@ -48,20 +52,3 @@ class OrchRMReward:
             plan = self._plan(completion_text(completion))
             scores.extend(self._model.score(question, [plan], pool_description=workers))
         return scores
-
-
-_DEFAULT: OrchRMReward | None = None
-
-
-def orchrm_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
-    """The champion OrchRM on the embedded local pool, as a plain TRL reward function.
-
-    Loaded on first call; for another model or pool, use ``OrchRMReward(rm, pool)``.
-    """
-    global _DEFAULT
-    if _DEFAULT is None:
-        from prefect_conductor.conductor.pool import load_pool
-        from prefect_conductor.reward_model.model import CHAMPION
-
-        _DEFAULT = OrchRMReward(CHAMPION, load_pool())
-    return _DEFAULT(prompts, completions, **kwargs)

@@ -11,6 +11,7 @@ from prefect_conductor.conductor.plan.prompts import recursion_messages
 from prefect_conductor.conductor.plan.workflow import Workflow
 from prefect_conductor.conductor.pool import Pool
 from prefect_conductor.conductor.providers.llm import Completion, complete
+from prefect_conductor.tasks.secrets import prefect_secrets
 
 __all__ = ["write_plan", "write_nested_plan"]
 
@@ -20,7 +21,8 @@ def write_plan(
     question: str, pool: Pool, max_steps: int | None = None, policy: ConductorPolicy | None = None
 ) -> Completion:
     """The conductor's raw plan text for ``question``."""
-    return (policy or LiteLLMPolicy(max_steps)).write_plan(question, pool)
+    with prefect_secrets():
+        return (policy or LiteLLMPolicy(max_steps)).write_plan(question, pool)
 
 
 @task(
@@ -36,4 +38,6 @@ def write_nested_plan(
 ) -> tuple[Completion, str]:
     """A recursion round: returns the completion and the messages sent (JSON)."""
     messages = recursion_messages(question, pool, parent, instruction, last_response, max_steps)
-    return complete(pool.conductor, messages), json.dumps(messages, ensure_ascii=False)
+    with prefect_secrets():
+        completion = complete(pool.conductor, messages)
+    return completion, json.dumps(messages, ensure_ascii=False)

@@ -40,6 +40,7 @@ from prefect_conductor.reward_model.pairs import (
     build_pairs,
     pairs_table,
 )
+from prefect_conductor.tasks.registry import download_registered
 from prefect_conductor.tasks.tracking import (
     finish_run,
     mlflow_experiment,
@@ -266,7 +267,7 @@ class Accuracy:
 
 def pairwise_accuracy(model_ref: str, pairs: list[dict[str, Any]]) -> Accuracy:
     """Share of held-out pairs whose chosen side scores higher (ties count as wrong)."""
-    rm = load_reward_model(model_ref)
+    rm = load_reward_model(model_ref, download_registered)
     texts = sorted({p["input"] + p[side] for p in pairs for side in ("chosen", "rejected")})
     eos = rm.tokenizer.eos_token or ""
     started = time.perf_counter()
@@ -298,7 +299,7 @@ def score_plans(
     pool_description: str,
 ) -> list[float]:
     """OrchRM's score of each plan (with its step outputs when given); higher is better."""
-    rm = load_reward_model(rm_ref)
+    rm = load_reward_model(rm_ref, download_registered)
     return rm.score(question, plans, step_outputs, pool_description=pool_description)
 
 

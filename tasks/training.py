@@ -245,8 +245,9 @@ def grpo_train(
     if request.orchrm_weight:
         from prefect_conductor.reward_model.model import CHAMPION
         from prefect_conductor.reward_model.rewards import OrchRMReward
+        from prefect_conductor.tasks.registry import download_registered
 
-        reward_funcs.append(OrchRMReward(request.orchrm or CHAMPION, pool))
+        reward_funcs.append(OrchRMReward(request.orchrm or CHAMPION, pool, download_registered))
         weights.append(request.orchrm_weight)
     trainer = GRPOTrainer(
         model=model,

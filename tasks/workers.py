@@ -24,6 +24,7 @@ from prefect_conductor.conductor.plan.workflow import Step
 from prefect_conductor.conductor.pool import Pool, WorkerSpec
 from prefect_conductor.conductor.providers.llm import Completion, complete
 from prefect_conductor.conductor.providers.tools import SANDBOXED_MODELS
+from prefect_conductor.tasks.secrets import prefect_secrets
 from pydantic import BaseModel, ConfigDict
 
 __all__ = ["StepOutcome", "run_step", "step_messages", "step_run_name", "step_task_for"]
@@ -87,7 +88,8 @@ def call_with_fallbacks(
         # Tools get the pool's sandbox setting (issue #17); the calculator ignores it.
         extra = {"sandbox": pool.sandbox} if spec.kind == "tool" else {}
         try:
-            return complete(spec, messages, **extra)
+            with prefect_secrets():
+                return complete(spec, messages, **extra)
         except WorkerError as exc:
             errors.append(exc)
     first = errors[0]

@@ -7,7 +7,6 @@ The Prefect harness is session-scoped and started lazily, only by tests that ask
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -18,11 +17,7 @@ os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
 
 import pytest  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.fakes import CALLS, register_fake_provider  # noqa: E402
+from prefect_conductor.testing.fakes import CALLS, register_fake_provider  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,14 +18,13 @@ the workers that use the base (``prefect_conductor.conductor.providers.local_mod
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from prefect_conductor.conductor.errors import ConductorError
-from prefect_conductor.conductor.home import mlflow_tracking_uri, models_dir
 from prefect_conductor.conductor.pool import Pool
 
 __all__ = [
@@ -36,7 +35,7 @@ __all__ = [
     "AdapterError",
     "AdapterInfo",
     "NotRegistered",
-    "download_registered",
+    "Download",
     "embedded_adapter_path",
     "is_adapter_dir",
     "read_adapter",
@@ -110,55 +109,28 @@ def write_adapter_meta(
     (path / ADAPTER_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
-def download_registered(uri: str) -> Path:
-    """Download a registered model's artifacts once; later calls reuse the copy."""
-    import mlflow  # heavy, and only needed for registry references
-    from mlflow.exceptions import MlflowException
+Download = Callable[[str], Path]
+"""Resolves a ``models:/…`` reference to a local directory: registry I/O, which the core does
+not do (issue #39); ``prefect_conductor.tasks.registry.download_registered`` is the one."""
 
-    mlflow.set_tracking_uri(mlflow_tracking_uri())
-    client = mlflow.MlflowClient()
-    m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))", uri)
-    if m is None:
-        raise AdapterError(f"{uri}: expected models:/NAME@ALIAS or models:/NAME/VERSION")
-    name, alias, number = m.groups()
-    try:
-        version = (
-            client.get_model_version_by_alias(name, alias)
-            if alias
-            else client.get_model_version(name, number)
+
+def _registry(ref: str, download: Download | None) -> Path:
+    if download is None:
+        raise AdapterError(
+            f"{ref}: a model-registry reference; resolve it through "
+            "prefect_conductor.tasks.registry (the core reads no registry)"
         )
-    except MlflowException as exc:
-        # A missing model or alias is "not registered"; anything else (a tracking server
-        # that is down) is not, so that ``champion`` never falls back on an outage.
-        missing = exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
-        error = NotRegistered if missing else AdapterError
-        raise error(f"{uri}: not in the MLflow registry ({exc.message})") from None
-    target = models_dir() / "registry" / name / str(version.version)
-    if not is_adapter_dir(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source))
-        found = (
-            local
-            if is_adapter_dir(local)
-            else next((d.parent for d in local.rglob("adapter_config.json")), None)
-        )
-        if found is None:
-            raise AdapterError(f"{uri}: version {version.version} holds no LoRA adapter")
-        if found != target:
-            import shutil
-
-            shutil.copytree(found, target, dirs_exist_ok=True)
-    return target
+    return download(ref)
 
 
-def resolve_conductor(ref: str) -> AdapterInfo:
+def resolve_conductor(ref: str, download: Download | None = None) -> AdapterInfo:
     """A directory, ``models:/NAME@ALIAS``, ``embedded``, or ``champion`` (``INCUMBENT``:
     ``models:/conductor@champion`` if the registry has one, else ``embedded``) -> the
-    adapter it names."""
+    adapter it names. Registry references need ``download``."""
     ref = ref.strip()
     if ref == INCUMBENT:
         try:
-            return read_adapter(download_registered(CHAMPION_URI))
+            return read_adapter(_registry(CHAMPION_URI, download))
         except NotRegistered:
             ref = "embedded"
     if ref in ("embedded", EMBEDDED_ADAPTER):
@@ -167,13 +139,13 @@ def resolve_conductor(ref: str) -> AdapterInfo:
             raise AdapterError("this installation ships no trained conductor adapter")
         return read_adapter(path)
     if ref.startswith("models:/"):
-        return read_adapter(download_registered(ref))
+        return read_adapter(_registry(ref, download))
     return read_adapter(ref)
 
 
-def with_conductor(pool: Pool, ref: str) -> Pool:
+def with_conductor(pool: Pool, ref: str, download: Download | None = None) -> Pool:
     """``pool`` with its conductor replaced by the trained adapter ``ref`` (local model)."""
-    info = resolve_conductor(ref)
+    info = resolve_conductor(ref, download)
     conductor = pool.conductor.model_copy(
         update={"model": f"local/{info.path}", "prompt": info.prompt}
     )

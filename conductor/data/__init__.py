@@ -1,6 +1,7 @@
 """Data: the questions, how answers are judged, and the intermediate-artifact dataset.
 
 - ``datasets``: built-in and user question sets (``Example``), seeded splits;
+- ``curriculum``: the word-problem curriculum (issue #18), easier problems first in train;
 - ``verify``: verifiers (math, multiple choice, text, code) returning a ``Verdict``;
 - ``records``: ``RunRecord`` / ``StepRecord`` rows and the Parquet schemas;
 - ``store``: ``ArtifactStore``, the Parquet dataset (local disk or any pyarrow filesystem).

@@ -373,7 +373,8 @@ def sandbox_run_tests(program: str, tests: str, entry_point: str) -> tuple[bool,
         if not (exc.name or "").startswith("prefect_conductor.conductor.providers.tools"):
             raise
         raise ConductorError(
-            "verify_code needs the sandbox conductor.providers.tools.sandbox, which is not "
+            "verify_code needs the sandbox prefect_conductor.conductor.providers.tools.sandbox, "
+            "which is not "
             "installed; pass run_tests= to use another runner"
         ) from exc
     result = run_python_tests(program, tests, entry_point, timeout_s=SANDBOX_TIMEOUT_S)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +21,15 @@ from prefect_conductor.conductor.errors import WorkerError
 from prefect_conductor.conductor.pool import _Endpoint
 from prefect_conductor.conductor.providers._litellm import litellm
 
-__all__ = ["Completion", "complete", "resolve_api_key", "classify_error", "price"]
+__all__ = [
+    "Completion",
+    "SecretLoader",
+    "classify_error",
+    "complete",
+    "price",
+    "resolve_api_key",
+    "secret_source",
+]
 
 _RETRYABLE = (
     litellm.exceptions.RateLimitError,
@@ -52,8 +63,27 @@ class Completion:
     latency_s: float
 
 
+SecretLoader = Callable[[str], str]
+"""Reads a named secret (a Prefect Secret block): I/O the core does not do itself (issue #39).
+The task layer provides it, ``prefect_conductor.tasks.secrets.prefect_secrets``."""
+
+_SECRETS: ContextVar[SecretLoader | None] = ContextVar("conductor_secret_loader", default=None)
+
+
+@contextmanager
+def secret_source(loader: SecretLoader) -> Iterator[None]:
+    """Calls in this block (this thread, this context) read ``api_key_secret`` through
+    ``loader``. Set per call, never process-wide."""
+    token = _SECRETS.set(loader)
+    try:
+        yield
+    finally:
+        _SECRETS.reset(token)
+
+
 def resolve_api_key(endpoint: _Endpoint) -> str | None:
-    """The key named by the pool: an environment variable or a Prefect Secret block.
+    """The key named by the pool: an environment variable, or a secret read through the
+    ``secret_source`` in effect (a Prefect Secret block, from a task).
 
     ``None`` lets litellm read its provider's usual variable (``OPENAI_API_KEY``, ...).
     """
@@ -67,16 +97,14 @@ def resolve_api_key(endpoint: _Endpoint) -> str | None:
             )
         return value
     if endpoint.api_key_secret:
-        # Imported here so that conductor/ stays importable without touching Prefect.
-        from prefect.blocks.system import Secret
-
-        try:
-            return str(Secret.load(endpoint.api_key_secret).get())
-        except ValueError as exc:
+        loader = _SECRETS.get()
+        if loader is None:
             raise WorkerError(
-                f"Prefect Secret block {endpoint.api_key_secret!r} cannot be loaded: {exc}",
+                f"api_key_secret {endpoint.api_key_secret!r} of {endpoint.model} is a Prefect "
+                "Secret block: call through the task layer (prefect_conductor.tasks.secrets)",
                 retryable=False,
-            ) from None
+            )
+        return loader(endpoint.api_key_secret)
     return None
 
 

@@ -380,7 +380,10 @@ def plan(
 
     check_question(question)  # before the conductor is asked
     p = load_pool_option(pool, conductor)
-    completion = LiteLLMPolicy(max_steps).write_plan(question, p)
+    from prefect_conductor.tasks.secrets import prefect_secrets
+
+    with prefect_secrets():
+        completion = LiteLLMPolicy(max_steps).write_plan(question, p)
     try:
         workflow = parse_plan(completion.text, p, max_steps=max_steps)
     except PlanError as exc:

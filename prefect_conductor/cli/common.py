@@ -82,8 +82,9 @@ def check_rm(strategy: Any, rm: str | None) -> None:
     if strategy.best_of:
         from prefect_conductor.flows.best_of_n import DEFAULT_RM
         from prefect_conductor.reward_model.model import load_reward_model
+        from prefect_conductor.tasks.registry import download_registered
 
-        load_reward_model(rm or DEFAULT_RM)
+        load_reward_model(rm or DEFAULT_RM, download_registered)
 
 
 FanOutOpt = Annotated[
@@ -156,7 +157,7 @@ def load_pool_option(pool: Path | None, conductor: str | None = None):
 
     loaded = load_pool(pool)
     if conductor:
-        from prefect_conductor.conductor.adapters import with_conductor
+        from prefect_conductor.tasks.registry import with_conductor
 
         loaded = with_conductor(loaded, conductor)
     return loaded

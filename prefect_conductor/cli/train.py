@@ -163,8 +163,10 @@ def train_conductor_cmd(
         load_hint(self_sample_hints, load_pool(request.pool))  # a bad file: one line, now
     if orchrm_weight:
         from prefect_conductor.reward_model.model import CHAMPION, load_reward_model
+        from prefect_conductor.tasks.registry import download_registered
 
-        load_reward_model(orchrm or CHAMPION)  # a missing reward model fails here, in one line
+        # A missing reward model fails here, in one line.
+        load_reward_model(orchrm or CHAMPION, download_registered)
     from prefect_conductor.flows.train_conductor import train_conductor
 
     result = call_long_flow(train_conductor, request, TrainConductorResult, "training")

@@ -50,6 +50,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.home import conductor_home
 from prefect_conductor.runtime.server import result_storage
+from prefect_conductor.tasks.secrets import prefect_secrets
 
 __all__ = [
     "ServeError",
@@ -167,7 +168,8 @@ def warm(pool: Any) -> list[str]:
                 messages = conductor_messages("What is 1 + 1?", pool)
             else:
                 messages = [{"role": "user", "content": "Hi"}]
-            complete(endpoint, messages, max_tokens=1)
+            with prefect_secrets():
+                complete(endpoint, messages, max_tokens=1)
             warmed.append(endpoint.model)
     return warmed
 

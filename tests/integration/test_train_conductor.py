@@ -26,7 +26,7 @@ from prefect_conductor.conductor.training.config import TrainConductorRequest
 from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rollout
 from safetensors.torch import load_file
 
-from tests.fakes import ANSWERS
+from prefect_conductor.testing.fakes import ANSWERS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
@@ -237,7 +237,7 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     assert len(tagged) == 4  # 1 step x batch 4
 
     # The registered adapter serves through the registry reference.
-    from prefect_conductor.conductor.adapters import resolve_conductor, with_conductor
+    from prefect_conductor.tasks.registry import resolve_conductor, with_conductor
 
     info = resolve_conductor("models:/conductor@champion")
     assert info.base == str(tiny_base)

@@ -177,38 +177,3 @@ def test_self_sampling_samples_at_its_own_temperature_else_the_grpo_one(monkeypa
     assert sorted(r.seed for r in sent) == [request.seed + k for k in (0, 0, 1, 1, 2, 2)]
     with pytest.raises(ValueError):
         TrainConductorRequest(dataset="mixed", self_sample_temperature=0)
-
-
-@pytest.mark.parametrize(
-    "path", sorted((Path(__file__).parents[2] / "benchmarks" / "hints").glob("shape-*.yaml"))
-)
-def test_each_same_shape_hint_of_the_benchmark_holds_one_shape_with_its_own_numbers(path):
-    """``benchmarks/hints/shape-*.yaml`` (word_problem_hint.py ``--hint``): three examples
-    of one operation shape, each a calculator plan whose numbers are the question's, in the
-    order the question gives them (the elevator's floor numbers are not operands)."""
-    import re
-
-    shots = load_hint(str(path), POOL).split("\n\nQuestion: ")[1:]
-    assert len(shots) == 3
-    shapes = set()
-    for shot in shots:
-        question, plan_text = shot.split("\n", 1)
-        (step,) = parse_plan(plan_text, POOL).steps
-        assert step.worker == "calculator"
-        given = iter(re.findall(r"\d+", question))
-        assert all(number in given for number in re.findall(r"\d+", step.instruction))
-        shapes.add(re.sub(r"\d+", "n", step.instruction))
-    assert len(shapes) == 1, shapes
-
-
-def test_the_hint_benchmark_takes_the_first_questions_of_each_story_it_is_asked_for():
-    from benchmarks.word_problem_hint import _questions
-
-    chosen = _questions(0, 16, "A shop sells|A farmer packs", 3)
-    assert [e.question.split(" ", 3)[:3] for e in chosen] == [["A", "shop", "sells"]] * 3 + [
-        ["A", "farmer", "packs"]
-    ] * 3
-    assert len({e.id for e in chosen}) == 6
-    assert all(e.meta["domain"] == "word" for e in chosen)
-    plain = _questions(0, 5, None, 3)
-    assert len(plain) == 5 and all(e.meta["domain"] == "word" for e in plain)

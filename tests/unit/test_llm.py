@@ -47,3 +47,21 @@ def test_unknown_model_without_pool_prices_has_null_cost(fake_provider):
 def test_an_explicit_zero_price_is_zero_not_null(fake_provider):
     worker = WorkerSpec(name="free", model="fake/echo", input_cost_per_token=0.0)
     assert complete(worker, MESSAGES).cost_usd == 0.0
+
+
+def test_the_core_reads_secret_blocks_only_through_the_task_layers_loader():
+    """Issue #39: no Prefect import in the core; the loader is set per call, not globally."""
+    from prefect_conductor.conductor.errors import WorkerError
+    from prefect_conductor.conductor.pool import WorkerSpec
+    from prefect_conductor.conductor.providers.llm import resolve_api_key, secret_source
+
+    spec = WorkerSpec(name="w", model="openai/gpt-4o-mini", api_key_secret="team-key")
+    with pytest.raises(WorkerError, match="call through the task layer") as raised:
+        resolve_api_key(spec)
+    assert not raised.value.retryable
+    asked: list[str] = []
+    with secret_source(lambda name: asked.append(name) or "sk-from-block"):
+        assert resolve_api_key(spec) == "sk-from-block"
+    assert asked == ["team-key"]
+    with pytest.raises(WorkerError):  # the loader was for that block only
+        resolve_api_key(spec)

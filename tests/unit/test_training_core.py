@@ -4,6 +4,7 @@ the requests of training-time plan runs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -278,15 +279,33 @@ def test_adapter_references(tmp_path):
 
 
 def test_registry_reference_without_a_registered_model_is_a_clear_error(tmp_path, monkeypatch):
+    from prefect_conductor.tasks import registry
+
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     with pytest.raises(
         AdapterError, match="models:/conductor@champion: not in the MLflow registry"
     ):
+        registry.resolve_conductor("models:/conductor@champion")
+
+
+def test_the_core_reads_no_registry() -> None:
+    """Issue #39: a registry reference needs the task layer's downloader."""
+    with pytest.raises(AdapterError, match="a model-registry reference"):
         resolve_conductor("models:/conductor@champion")
+    seen: list[str] = []
+
+    def download(ref: str) -> Path:
+        seen.append(ref)
+        raise AdapterError(f"{ref}: offline")
+
+    with pytest.raises(AdapterError, match="offline"):
+        resolve_conductor("models:/orchrm@champion", download)
+    assert seen == ["models:/orchrm@champion"]
 
 
 def test_the_incumbent_is_the_champion_else_the_shipped_adapter(tmp_path, monkeypatch):
     from prefect_conductor.conductor.adapters import INCUMBENT, NotRegistered, embedded_adapter_path
+    from prefect_conductor.tasks.registry import resolve_conductor
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert resolve_conductor(INCUMBENT).path == embedded_adapter_path().resolve()
