@@ -10,7 +10,8 @@ under this one import name (issue #39): ``prefect_conductor.conductor`` (the pur
 ``.reward_model`` (OrchRM), ``.tasks`` (Prefect tasks: every I/O), ``.flows`` (Prefect flows).
 The faces of the product live here too: ``.cli`` (the ``conductor`` command), ``.runtime``
 (the temporary server, result storage, the offline and quiet defaults) and ``.fleet``
-(``conductor serve``, fan-out). Importing this package starts nothing and sets nothing.
+(``conductor serve``, fan-out); ``.testing`` holds the fakes that ship with it (a fake litellm
+provider, a local fleet). Importing this package starts nothing and sets nothing.
 """
 
 from prefect_conductor.api import (

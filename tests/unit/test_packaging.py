@@ -43,15 +43,15 @@ def _python_files(top: str) -> list[Path]:
     return [path for path in (ROOT / top).rglob("*.py") if ".venv" not in path.parts]
 
 
-def _code_strings(tree: ast.AST) -> list[ast.Module]:
+def _code_strings(tree: ast.AST) -> list[tuple[int, ast.Module]]:
     """The string constants that are Python with an import (``python -c`` programs, code run
-    on a host): an import hidden in one is an import all the same."""
+    on a host), each with its line: an import or a path edit hidden in one counts the same."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if "import" in node.value:
                 try:
-                    found.append(ast.parse(textwrap.dedent(node.value)))
+                    found.append((node.lineno, ast.parse(textwrap.dedent(node.value))))
                 except SyntaxError:  # prose that mentions importing
                     continue
     return found
@@ -60,7 +60,8 @@ def _code_strings(tree: ast.AST) -> list[ast.Module]:
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     names = set()
-    for node in (n for t in (tree, *_code_strings(tree)) for n in ast.walk(t)):
+    code = [tree, *(module for _, module in _code_strings(tree))]
+    for node in (n for t in code for n in ast.walk(t)):
         if isinstance(node, ast.Import):
             names |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -91,12 +92,9 @@ def _is_sys_path(node: ast.AST) -> bool:
     )
 
 
-def _path_edits(path: Path) -> list[int]:
-    """The lines that change the import path: a call of a method of ``sys.path``
-    (``insert``, ``append``, ``extend``, …), an assignment to it or to a slice of it, or
-    ``site.addsitedir``."""
+def _edits(tree: ast.AST) -> list[int]:
     lines = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = node.func.value
             site = isinstance(owner, ast.Name) and owner.id == "site"
@@ -107,6 +105,16 @@ def _path_edits(path: Path) -> list[int]:
             if any(_is_sys_path(t) for t in targets):
                 lines.append(node.lineno)
     return lines
+
+
+def _path_edits(path: Path) -> list[int]:
+    """The lines that change the import path: a call of a method of ``sys.path``
+    (``insert``, ``append``, ``extend``, …), an assignment to it or to a slice of it, or
+    ``site.addsitedir``; in a code string, the string's line."""
+    tree = ast.parse(path.read_text(), str(path))
+    lines = _edits(tree)
+    lines += [line for line, module in _code_strings(tree) if _edits(module)]
+    return sorted(set(lines))
 
 
 @pytest.mark.parametrize("top", TOPS)
@@ -137,9 +145,12 @@ def test_tests_and_benchmarks_import_each_other_never(top: str) -> None:
 
 def test_the_checks_see_a_path_edit_and_an_import_hidden_in_a_code_string(tmp_path) -> None:
     hacked = tmp_path / "hacked.py"
-    hacked.write_text(
-        "import sys\nsys.path.insert(0, '.')\nsys.path[0:0] = ['.']\n"
-        'CLI = "import sys; from tests.fakes import x"\n'
-    )
-    assert _path_edits(hacked) == [2, 3]
+    lines = [  # one string a line, so that this file's own scan sees no hack in them
+        "import sys",
+        "sys.path.insert(0, '.')",
+        "sys.path[0:0] = ['.']",
+        'CLI = "import sys; sys.path.append(0); from tests.fakes import x"',
+    ]
+    hacked.write_text("\n".join(lines))
+    assert _path_edits(hacked) == [2, 3, 4]
     assert "tests" in _imports(hacked)
