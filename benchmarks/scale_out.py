@@ -2,9 +2,9 @@
 
 ``questions_per_s_1host``: the 200 arithmetic test questions with ``single:calculator`` (a tool
 that answers in microseconds, so every second is the engine's) at ``--concurrency 16``,
-through ``prefect_conductor.cli.common.call_long_flow(evaluate, ...)``, what ``conductor eval``
-runs: every
-question a task run with its step task run, a row in the Parquet ``runs``/``steps`` tables,
+through the Python API, ``prefect_conductor.evaluate(...)`` (the flow ``conductor eval``
+runs): every question a task run with its step task run, a row in the Parquet
+``runs``/``steps`` tables,
 the MLflow run, the progress, runs and summary artifacts. The wall time is taken around that
 call, after a warm-up eval of ``--warm-up`` questions (the temporary server started, MLflow's
 sqlite store created, imports done), as a user's second eval finds it.
@@ -161,10 +161,8 @@ def child(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     counter.install()
     from prefect import flow
     from prefect_conductor.conductor.data.datasets import load_dataset
-    from prefect_conductor.conductor.plan.requests import EvalRequest, EvalResult
-    from prefect_conductor.flows.evaluate import evaluate
 
-    from prefect_conductor.cli.common import call_long_flow
+    import prefect_conductor as pc
     from prefect_conductor.runtime.server import local_run_settings
 
     @flow(name="warm-up")
@@ -177,16 +175,15 @@ def child(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     server_start = time.perf_counter() - t0
 
     def run_eval(limit: int, artifacts: Path) -> tuple[float, Any]:
-        request = EvalRequest(
-            dataset=DATASET,
+        t0 = time.perf_counter()
+        result = pc.evaluate(
+            DATASET,
             split=SPLIT,
             limit=limit,
             strategy=STRATEGY,
             concurrency=args.concurrency,
             artifacts=str(artifacts),
         )
-        t0 = time.perf_counter()
-        result = call_long_flow(evaluate, request, EvalResult, "the eval")
         return time.perf_counter() - t0, result
 
     warm_wall, _ = run_eval(args.warm_up, home / "warm-up")
