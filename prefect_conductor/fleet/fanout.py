@@ -1,13 +1,14 @@
 """``conductor eval --fan-out``: an eval's questions answered by the fleet (issue #19); also
 every plan of ``conductor train-conductor --fan-out`` (``flows/train_conductor.py``).
 
-Each question is a **background task run** (what ``Task.delay`` makes) of ``fleet_question``,
-a task that every ``conductor serve`` serves (``prefect.task_worker.serve``): the Prefect
-server hands it to one subscribed serve process, on any host. Nothing here schedules or
-queues: Prefect's server keeps the queue and picks the worker. The eval keeps what it does
-in-process (``flows/evaluate.py``): at most ``concurrency`` questions in flight, the same
-progress artifact, the same ``RunBatch`` of rows, summary, ``EvalResult`` and MLflow run;
-only where a question runs changes.
+Each question is a **background task run** (what ``Task.delay`` makes) of ``fleet_question``
+(``tasks/fleet.py``), a task that every ``conductor serve`` serves
+(``prefect.task_worker.serve``): the Prefect server hands it to one subscribed serve process,
+on any host. Nothing here schedules or queues: Prefect's server keeps the queue and picks the
+worker. This module is the eval's side: it sends the questions and reads their outcomes. The
+eval keeps what it does in-process (``flows/evaluate.py``): at most ``concurrency`` questions
+in flight, the same progress artifact, the same ``RunBatch`` of rows, summary, ``EvalResult``
+and MLflow run; only where a question runs changes.
 
 - **Parameters and results on shared storage.** The request goes to the task-scheduling
   storage (``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK``) and the question's outcome
@@ -40,9 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 import uuid
@@ -52,17 +51,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_client, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_client, get_run_logger
 from prefect.context import FlowRunContext, serialize_context
 from prefect.results import get_or_create_default_task_scheduling_storage
-from prefect.runtime import task_run
-from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.asyncutils import run_coro_as_sync
 
 from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.plan.requests import OrchestrateRequest
-from prefect_conductor.conductor.plan.strategies import parse_strategy
+from prefect_conductor.tasks.fleet import fleet_question, worker_id, worker_of
 
 __all__ = [
     "FanOutError",
@@ -70,7 +66,6 @@ __all__ = [
     "FleetFuture",
     "absolute",
     "check_fleet",
-    "fleet_question",
     "fleet_run_id",
     "worker_id",
 ]
@@ -80,17 +75,11 @@ SETTLE_THREADS = 4  # outcomes read from the result storage at once
 MAX_TRIES = 3  # sends of one question whose worker died, before it ends as a failure
 NO_WORKER_S = 60.0  # no serve process subscribed this long: the questions in flight fail
 _RUN_IDS = uuid.UUID("6f1c1d0e-4c1a-4c8e-9f5e-19c0a0c0d019")  # uuid5 namespace of run ids
-_ON = " on "  # the task run name: "question <question id> on <worker id>"
 _log = logging.getLogger("prefect_conductor.fanout")
 
 
 class FanOutError(ConductorError):
     """``--fan-out`` cannot run: no Prefect server, or no storage every host reads."""
-
-
-def worker_id() -> str:
-    """This process's id as the Prefect server lists it: ``TaskWorker.client_id``."""
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def fleet_run_id(request: OrchestrateRequest) -> str:
@@ -144,52 +133,6 @@ def worker_storage_gap() -> str | None:
             "this process answers would stay on this host; set it to the same block"
         )
     return None
-
-
-# --- the worker's side: what `conductor serve` runs ------------------------------------
-
-
-def _run_name() -> str:
-    request = (task_run.parameters or {}).get("request")
-    qid = getattr(request, "question_id", None) or "?"
-    return f"question {qid}{_ON}{worker_id()}"
-
-
-def _answer(request: OrchestrateRequest, run_id: str) -> Any:
-    from prefect_conductor.flows.best_of_n import best_of_n
-    from prefect_conductor.flows.orchestrate import run_unstored
-
-    request = request.model_copy(update={"tags": {**request.tags, "served_by": worker_id()}})
-    if parse_strategy(request.strategy).best_of:  # it stores its candidates itself
-        state = best_of_n(request, return_state=True)
-        result = state.result(raise_on_failure=False)
-        if isinstance(result, BaseException):
-            raise result
-        return result
-    return run_unstored(request, run_id)
-
-
-@flow(name="fleet-question", task_runner=ThreadPoolTaskRunner(64), log_prints=False)
-def _question_flow(request: OrchestrateRequest, run_id: str) -> Any:
-    return _answer(request, run_id)
-
-
-@task(
-    name="fleet-question",
-    task_run_name=_run_name,
-    cache_policy=NO_CACHE,
-    persist_result=True,  # the outcome travels through the result storage (every host's)
-)
-def fleet_question(request: OrchestrateRequest, run_id: str) -> Any:
-    """One eval question on this serve process: the ``RunOutcome`` (result and unstored
-    rows) of ``run_unstored``, or a best-of-n question's chosen ``RunResult``.
-
-    Sent from an eval's flow run, it runs in that flow run's context (its steps are the
-    eval's task runs); sent from anywhere else, in a ``fleet-question`` flow run of its own.
-    """
-    if FlowRunContext.get() is None:
-        return _question_flow(request, run_id)
-    return _answer(request, run_id)
 
 
 # --- the eval's side ---------------------------------------------------------------------
@@ -494,7 +437,7 @@ class Fleet:
 
 def _owner(run: Any) -> str | None:
     """The worker id in a sent question's task run name (set when a worker starts it)."""
-    return run.name.rsplit(_ON, 1)[1] if run is not None and _ON in run.name else None
+    return worker_of(run.name) if run is not None else None
 
 
 def _mark_crashed(task_run_id: uuid.UUID, message: str) -> None:

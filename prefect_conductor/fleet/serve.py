@@ -9,10 +9,12 @@ never computed again, ``conductor.providers._prefix_cache``). ``conductor run``,
 submits its request as a background task run (``Task.delay``) and waits for its result; the
 command itself then imports only Prefect.
 
-The served task calls the ``orchestrate`` flow (or ``best-of-n``) in the serving process, so
-the run is the same Prefect flow run with the same artifacts, Parquet rows and persisted
-result as in-process (a flow run of its own: Prefect links a flow run to a parent task run
-only inside a parent flow run, and a task worker's task runs have none).
+The served task (``served_request``, ``tasks/fleet.py``) calls the ``orchestrate`` flow (or
+``best-of-n``) in the serving process, so the run is the same Prefect flow run with the same
+artifacts, Parquet rows and persisted result as in-process (a flow run of its own: Prefect
+links a flow run to a parent task run only inside a parent flow run, and a task worker's task
+runs have none). ``serve`` hands the served tasks their flows before it serves
+(``SERVED_FLOWS`` of ``flows/fleet_question.py``): ``tasks/`` imports no ``flows/``.
 
 Discovery, without a network call: ``serve`` writes ``$CONDUCTOR_HOME/serve.json`` (its pid
 and Prefect API URL) and removes it when it stops. ``run`` uses it only when its own
@@ -20,9 +22,9 @@ and Prefect API URL) and removes it when it stops. ``run`` uses it only when its
 workers need a running Prefect server (the ephemeral one lives and dies with each command),
 so ``serve`` refuses to start without ``PREFECT_API_URL``.
 
-It serves ``prefect_conductor.fleet.fanout.fleet_question`` too: the questions of ``conductor eval
---fan-out``,
-from any host of the fleet, each run by whichever serve process the Prefect server hands it to.
+It serves ``prefect_conductor.tasks.fleet.fleet_question`` too: the questions of ``conductor
+eval --fan-out`` (``fanout.py``), from any host of the fleet, each run by whichever serve
+process the Prefect server hands it to.
 
 The request's parameters and result travel through the task's result storage
 (``$CONDUCTOR_HOME/results``), so client and server share the conductor home; paths in the
@@ -44,12 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
-from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.home import conductor_home
-from prefect_conductor.runtime.server import result_storage
+from prefect_conductor.tasks.fleet import ServeError, fleet_question, serve_flows, served_request
 from prefect_conductor.tasks.secrets import prefect_secrets
 
 __all__ = [
@@ -58,7 +56,6 @@ __all__ = [
     "find_served",
     "marker_path",
     "serve",
-    "served_request",
     "submit",
 ]
 
@@ -69,10 +66,6 @@ _POLL_S = 1.0
 _CHECK_S = 5.0
 _PICKUP_NOTICE_S = 15.0  # still not started by then: one line on stderr
 _log = logging.getLogger("prefect_conductor.serve")
-
-
-class ServeError(ConductorError):
-    """``conductor serve`` cannot start, or the serving process did not answer."""
 
 
 @dataclass(frozen=True)
@@ -128,29 +121,6 @@ def _remove_marker(path: Path) -> None:
         pass
 
 
-@task(
-    name="conductor-request",
-    cache_policy=NO_CACHE,
-    persist_result=True,
-    result_storage=result_storage(),
-    result_serializer="json",
-)
-def served_request(request: dict[str, Any], best_of: bool = False) -> dict[str, Any]:
-    """Run one ``conductor run`` request in this (warm) process; the RunResult as JSON."""
-    from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
-
-    if best_of:
-        from prefect_conductor.flows.best_of_n import best_of_n as flow
-    else:
-        from prefect_conductor.flows.orchestrate import orchestrate as flow
-    state = flow(OrchestrateRequest.model_validate(request), return_state=True)
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, RunResult):
-        return result.model_dump(mode="json")
-    message = str(result).strip().splitlines()[0] if isinstance(result, BaseException) else ""
-    raise ServeError(message or state.message or "the run crashed")
-
-
 def warm(pool: Any) -> list[str]:
     """Load every local model of ``pool`` with one short completion; the models warmed.
 
@@ -190,7 +160,10 @@ def serve(pool: Any, limit: int = 4, on_ready: Any = None) -> None:
             f"conductor serve is already running for {conductor_home()} (pid {other.pid})"
         )
     started = time.perf_counter()
-    import prefect_conductor.flows.orchestrate  # noqa: F401 - the engine, imported before the first request
+    # The engine, imported before the first request, and the flows the served tasks run.
+    from prefect_conductor.flows.fleet_question import SERVED_FLOWS
+
+    serve_flows(SERVED_FLOWS)
 
     warmed = warm(pool)
     path = _write_marker(api_url)
@@ -202,11 +175,7 @@ def serve(pool: Any, limit: int = 4, on_ready: Any = None) -> None:
     # The request's own task-run lines ("Finished in state ...") have no flow run to go to;
     # the flow run it starts logs to the API as usual.
     warnings.filterwarnings("ignore", message=r"Logger 'prefect\.task_runs' attempted to send")
-    from prefect_conductor.fleet.fanout import (
-        fleet_question,  # an eval's questions (``eval --fan-out``)
-    )
-
-    try:
+    try:  # ``conductor run`` requests, and the questions of ``eval --fan-out``
         serve_tasks(served_request, fleet_question, limit=limit)
     finally:
         _remove_marker(path)

@@ -142,12 +142,15 @@ def test_strategies_share_one_experiment_and_conductor_reports_format_validity(s
 
 def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatch):
     """A 503 from a busy server (seen under load) retries the question; nothing is lost."""
+    import dataclasses
+
     import httpx
-    import prefect_conductor.flows.best_of_n as ev  # eval_question lives there and calls run_unstored
+    import prefect_conductor.flows.evaluate as ev  # hands eval_question its QUESTION_FLOWS
     from prefect.exceptions import PrefectHTTPStatusError
+    from prefect_conductor.tasks.questions import eval_question
 
     data, pool, tmp_path = setup
-    real = ev.run_unstored
+    real = ev.QUESTION_FLOWS.run_unstored
     failures: list[str] = []
 
     def flaky(request, *args, **kw):
@@ -159,8 +162,9 @@ def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatc
             raise PrefectHTTPStatusError.from_httpx_error(error)
         return real(request, *args, **kw)
 
-    monkeypatch.setattr(ev, "run_unstored", flaky)
-    monkeypatch.setattr(ev.eval_question, "retry_delay_seconds", 0)
+    flows = dataclasses.replace(ev.QUESTION_FLOWS, run_unstored=flaky)
+    monkeypatch.setattr(ev, "QUESTION_FLOWS", flows)
+    monkeypatch.setattr(eval_question, "retry_delay_seconds", 0)
     result = _eval(data, pool, tmp_path, "single:oracle")
     assert failures == ["q1"]
     assert result.n == 4 and result.failed == 0 and result.correct == 3
@@ -169,7 +173,9 @@ def test_a_question_whose_run_the_prefect_api_fails_runs_again(setup, monkeypatc
 
 
 def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypatch):
-    import prefect_conductor.flows.best_of_n as ev
+    import dataclasses
+
+    import prefect_conductor.flows.evaluate as ev
 
     data, pool, tmp_path = setup
     calls: list[str] = []
@@ -178,7 +184,9 @@ def test_a_question_that_fails_for_another_reason_is_not_retried(setup, monkeypa
         calls.append(request.question_id)
         raise ValueError("a bug, not the API")
 
-    monkeypatch.setattr(ev, "run_unstored", broken)
+    monkeypatch.setattr(
+        ev, "QUESTION_FLOWS", dataclasses.replace(ev.QUESTION_FLOWS, run_unstored=broken)
+    )
     result = _eval(data, pool, tmp_path, "single:oracle")
     assert sorted(calls) == ["q0", "q1", "q2", "q3"]  # once each
     assert result.n == 4 and result.failed == 4 and result.correct == 0

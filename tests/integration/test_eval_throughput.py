@@ -77,12 +77,14 @@ def test_an_eval_writes_one_part_per_batch_and_one_row_per_question(request, mon
 def test_a_retried_question_keeps_its_run_id_and_adds_no_second_row(request, monkeypatch):
     """The first attempt of q1 ran its plan, then the API failed: the retry runs in the same
     task run (the run id), and only the outcome that came back is stored."""
-    import prefect_conductor.flows.best_of_n as ev
+    import dataclasses
+
+    import prefect_conductor.flows.evaluate as ev  # hands eval_question its QUESTION_FLOWS
     from prefect.exceptions import PrefectHTTPStatusError
-    from prefect_conductor.flows.evaluate import evaluate
+    from prefect_conductor.tasks.questions import eval_question
 
     data, pool, tmp_path = _setup(request)
-    real, attempts = ev.run_unstored, []
+    real, attempts = ev.QUESTION_FLOWS.run_unstored, []
 
     def flaky(request, run_id):
         outcome = real(request, run_id)
@@ -94,9 +96,11 @@ def test_a_retried_question_keeps_its_run_id_and_adds_no_second_row(request, mon
             raise PrefectHTTPStatusError.from_httpx_error(error)
         return outcome
 
-    monkeypatch.setattr(ev, "run_unstored", flaky)
-    monkeypatch.setattr(ev.eval_question, "retry_delay_seconds", 0)
-    state = evaluate(_request(data, pool, tmp_path), return_state=True)
+    monkeypatch.setattr(
+        ev, "QUESTION_FLOWS", dataclasses.replace(ev.QUESTION_FLOWS, run_unstored=flaky)
+    )
+    monkeypatch.setattr(eval_question, "retry_delay_seconds", 0)
+    state = ev.evaluate(_request(data, pool, tmp_path), return_state=True)
     result = state.result()
     assert result.n == 4 and result.failed == 0 and result.correct == 3
     q1 = [run_id for qid, run_id in attempts if qid == "q1"]

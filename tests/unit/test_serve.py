@@ -238,3 +238,20 @@ def test_submit_says_once_when_the_request_is_not_picked_up(home, monkeypatch, w
         assert serve.submit(_request(), serve.Served(os.getpid(), API, 0.0)).answer == "42"
     notices = [r.getMessage() for r in caplog.records if "has not started" in r.getMessage()]
     assert len(notices) == 1 and f"pid {os.getpid()}" in notices[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("served_request", "conductor-request"), ("fleet_question", "fleet-question")],
+)
+def test_a_served_task_outside_conductor_serve_says_what_serves_it(monkeypatch, name, shown):
+    """The fleet's tasks run the flows that ``serve`` hands them (``tasks/`` imports no
+    ``flows/``): run anywhere else, they say so in one line instead of running nothing."""
+    from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+    from prefect_conductor.tasks import fleet
+
+    monkeypatch.setattr(fleet, "_served", None)
+    request = OrchestrateRequest(question="What is 1 + 1?")
+    args = (request.model_dump(mode="json"),) if name == "served_request" else (request, "r")
+    with pytest.raises(serve.ServeError, match=f"^{shown} runs the flows that `conductor serve`"):
+        getattr(fleet, name).fn(*args)
