@@ -238,7 +238,7 @@ def pool_from_dict(data: Any, source: str = "<memory>") -> Pool:
 
 def default_pool_path() -> Path:
     """The embedded local pool shipped with the package; copy it to start your own."""
-    return Path(str(resources.files("conductor") / "pools" / "local.yaml"))
+    return Path(str(resources.files("prefect_conductor.conductor") / "pools" / "local.yaml"))
 
 
 def load_pool(path: str | Path | None = None) -> Pool:

@@ -56,8 +56,6 @@ from prefect_conductor.tasks.questions import RunOutcome, eval_question
 from prefect_conductor.tasks.tracking import log_eval
 from pydantic import ValidationError
 
-from prefect_conductor.runtime.server import result_storage
-
 __all__ = ["evaluate"]
 
 # A conductor sampled several times per question (``--samples``) samples at this temperature
@@ -229,7 +227,6 @@ def _drain(finished: queue.SimpleQueue[PrefectFuture], wait_s: float) -> list[Pr
     task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS + MAX_CONCURRENCY),
     log_prints=False,
     persist_result=True,
-    result_storage=result_storage(),
     result_serializer="json",
 )
 def evaluate(request: EvalRequest) -> EvalResult:

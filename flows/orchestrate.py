@@ -65,8 +65,6 @@ from prefect_conductor.tasks.registry import with_conductor
 from prefect_conductor.tasks.verify import verify_answer
 from prefect_conductor.tasks.workers import StepOutcome, step_run_name, step_task_for
 
-from prefect_conductor.runtime.server import result_storage
-
 __all__ = ["conductor_round", "orchestrate", "run_unstored"]
 
 # Enough threads for the widest layer we expect; I/O-bound worker calls mostly wait.
@@ -502,7 +500,6 @@ def run_unstored(request: OrchestrateRequest, run_id: str) -> RunOutcome:
     task_runner=ThreadPoolTaskRunner(TASK_RUNNER_WORKERS),
     log_prints=False,
     persist_result=True,
-    result_storage=result_storage(),
     result_serializer="json",
 )
 def orchestrate(request: OrchestrateRequest) -> RunResult | State:

@@ -76,10 +76,14 @@ def _call(flow: Any, request: Any, expected: type) -> Any:
 
     offline_defaults()  # before Prefect, MLflow or Hugging Face is imported by the flow
     quiet_third_party_notices()
-    from prefect_conductor.runtime.server import local_run_settings, wait_until_recorded
+    from prefect_conductor.runtime.server import (
+        local_run_settings,
+        wait_until_recorded,
+        with_local_results,
+    )
 
     with local_run_settings():
-        state = flow(request, return_state=True)
+        state = with_local_results(flow)(request, return_state=True)
         result = state.result(raise_on_failure=False)
         wait_until_recorded(state.state_details.flow_run_id)
     if isinstance(result, expected):

@@ -31,8 +31,6 @@ from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.plan.requests import OrchestrateRequest, RunResult
 from prefect_conductor.conductor.plan.strategies import parse_strategy
 
-from prefect_conductor.runtime.server import result_storage
-
 if TYPE_CHECKING:  # its RunOutcome's records import pyarrow, which `conductor run` never needs
     from prefect_conductor.tasks.questions import QuestionFlows
 
@@ -96,7 +94,6 @@ def worker_of(run_name: str) -> str | None:
     name="conductor-request",
     cache_policy=NO_CACHE,
     persist_result=True,
-    result_storage=result_storage(),
     result_serializer="json",
 )
 def served_request(request: dict[str, Any], best_of: bool = False) -> dict[str, Any]:

@@ -72,7 +72,7 @@ class AdapterInfo:
 
 def embedded_adapter_path() -> Path:
     """The trained conductor shipped in the package (``conductor/adapters/<name>``)."""
-    return Path(str(resources.files("conductor") / "adapters" / EMBEDDED_ADAPTER))
+    return Path(str(resources.files("prefect_conductor.conductor") / "adapters" / EMBEDDED_ADAPTER))
 
 
 def is_adapter_dir(path: Path) -> bool:

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from prefect_conductor.conductor.home import conductor_home
+from prefect_conductor.runtime.server import with_local_results
 from prefect_conductor.tasks.fleet import ServeError, fleet_question, serve_flows, served_request
-from prefect_conductor.tasks.secrets import prefect_secrets
 
 __all__ = [
     "ServeError",
@@ -138,6 +138,8 @@ def warm(pool: Any) -> list[str]:
                 messages = conductor_messages("What is 1 + 1?", pool)
             else:
                 messages = [{"role": "user", "content": "Hi"}]
+            from prefect_conductor.tasks.secrets import prefect_secrets
+
             with prefect_secrets():
                 complete(endpoint, messages, max_tokens=1)
             warmed.append(endpoint.model)
@@ -176,7 +178,7 @@ def serve(pool: Any, limit: int = 4, on_ready: Any = None) -> None:
     # the flow run it starts logs to the API as usual.
     warnings.filterwarnings("ignore", message=r"Logger 'prefect\.task_runs' attempted to send")
     try:  # ``conductor run`` requests, and the questions of ``eval --fan-out``
-        serve_tasks(served_request, fleet_question, limit=limit)
+        serve_tasks(with_local_results(served_request), fleet_question, limit=limit)
     finally:
         _remove_marker(path)
 
@@ -201,7 +203,7 @@ def submit(request: Any, served: Served, best_of: bool = False) -> Any:
 
     try:
         TaskRunWaiter.instance()  # subscribed to task-run events before the request exists
-        future = served_request.delay(payload, best_of)
+        future = with_local_results(served_request).delay(payload, best_of)
         state = _wait(future, served)
         result = future.result(raise_on_failure=False)
     except httpx.HTTPError as exc:  # the server went away, or answered with an error

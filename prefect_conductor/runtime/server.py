@@ -53,7 +53,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
@@ -65,10 +65,13 @@ __all__ = [
     "TemporaryServerError",
     "local_run_settings",
     "result_storage",
+    "with_local_results",
     "server_log_path",
     "start_temporary_server",
     "wait_until_recorded",
 ]
+
+R = TypeVar("R")
 
 _SERVER_LOG_MAX_BYTES = 8 * 1024 * 1024  # started afresh past this
 STARTUP_TIMEOUT_S = 300  # Prefect's default is 20 s; a loaded 2-core machine needed more
@@ -296,12 +299,20 @@ def _settled(state: object) -> bool:
     return state is None or state.is_final() or state.name == "NotReady"  # type: ignore[attr-defined]
 
 
+def with_local_results(runnable: R) -> R:
+    """``runnable`` (a flow or a task) persisting its result under ``result_storage()``, chosen
+    now, per call (issue #39), not when the module was imported; unchanged when Prefect is
+    configured with result storage of its own."""
+    storage = result_storage()
+    return runnable if storage is None else runnable.with_options(result_storage=storage)
+
+
 def result_storage() -> Path | None:
     """Where flow results are persisted: ``$CONDUCTOR_HOME/results`` (absolute, so the UI,
     the API and other processes can read a result back), unless Prefect is configured with
     its own result storage (``PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK`` or
     ``PREFECT_LOCAL_STORAGE_PATH``, from the environment, a profile or temporary settings);
-    then ``None`` lets Prefect's setting apply. Read when the flow module is imported."""
+    then ``None`` lets Prefect's setting apply. Read at each call (``with_local_results``)."""
     from prefect.settings import get_current_settings
 
     from prefect_conductor.conductor.home import conductor_home

@@ -98,3 +98,18 @@ def test_the_cli_runs_from_a_users_project_too(project, tmp_path):
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "answer: 42"
+
+
+def test_the_packaged_files_resolve_from_a_users_project(project, tmp_path):
+    """The embedded pool and the shipped adapter are package data of the one import name
+    (a ``resources.files("conductor")`` failed only outside the repository)."""
+    code = """\
+from prefect_conductor.conductor.adapters import embedded_adapter_path
+from prefect_conductor.conductor.pool import load_pool
+
+print(len(load_pool().workers), embedded_adapter_path().is_dir())
+"""
+    proc, _ = _python(project, code, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    workers, shipped = proc.stdout.split()
+    assert int(workers) >= 2 and shipped == "True"

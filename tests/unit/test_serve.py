@@ -160,7 +160,9 @@ def _run_result():
 @pytest.fixture
 def waiting(monkeypatch):
     """The client's wait with fast polls, a scripted API, and the terminal event after
-    ``event_after`` seconds (None: the event never comes)."""
+    ``event_after`` seconds (None: the event never comes). The submission itself is replaced
+    on ``served_request``, so its per-call result storage (a copy of the task) is not made."""
+    monkeypatch.setattr(serve, "with_local_results", lambda task: task)
     from prefect.task_runs import TaskRunWaiter
 
     setup = {"event_after": 0.05, "client": _Client([None])}
