@@ -171,3 +171,15 @@ def test_the_fan_out_comment_names_what_the_fleet_needs():
         "`conductor serve` running on the hosts",
     ):
         assert needed in words, needed
+
+
+def test_every_deployment_runs_with_the_offline_defaults():
+    """Issue #39: the defaults of the CLI and the Python API apply to deployment runs too."""
+    from prefect_conductor.runtime.quiet import OFFLINE_DEFAULTS
+
+    for deployment in _deployments():
+        env = deployment["work_pool"]["job_variables"]["env"]
+        assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True", deployment["name"]
+        for key, value in OFFLINE_DEFAULTS.items():
+            if key != "PREFECT_SERVER_ANALYTICS_ENABLED":  # the server's, not the run's
+                assert env[key] == value, (deployment["name"], key)
