@@ -6,5 +6,7 @@
 The tasks they serve and send (``served_request``, ``fleet_question``) are ``tasks/fleet.py``'s;
 ``serve`` hands them their flows (``flows/fleet_question.py``).
 
-May import: ``prefect_conductor.runtime``, ``flows``, ``tasks``, ``conductor``.
+May import: ``serve``: ``prefect_conductor.runtime``, ``flows``, ``tasks``, ``conductor``;
+``fanout`` only ``tasks`` and ``conductor``, since the ``evaluate`` and ``train-conductor`` flows
+use its scheduler (``Fleet``).
 """

@@ -154,3 +154,45 @@ def test_the_checks_see_a_path_edit_and_an_import_hidden_in_a_code_string(tmp_pa
     hacked.write_text("\n".join(lines))
     assert _path_edits(hacked) == [2, 3, 4]
     assert "tests" in _imports(hacked)
+
+
+# What each layer may import of ours (CONTRIBUTING's table; issue #39: measured, not hoped).
+_LAYERS = {
+    "conductor": {"conductor"},
+    "reward_model": {"conductor", "reward_model"},
+    "tasks": {"conductor", "reward_model", "tasks"},
+    "flows": {"conductor", "reward_model", "tasks", "flows", "fleet"},  # fleet: fanout only
+}
+
+
+def _ours(path: Path) -> set[str]:
+    """The subpackages of ``prefect_conductor`` that ``path`` imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "prefect_conductor":
+                found.add(parts[1] if len(parts) > 1 else "prefect_conductor")
+    return found
+
+
+@pytest.mark.parametrize("layer", sorted(_LAYERS))
+def test_imports_point_downward_only(layer: str) -> None:
+    upward = {
+        str(path.relative_to(ROOT)): sorted(_ours(path) - _LAYERS[layer])
+        for path in (ROOT / layer).rglob("*.py")
+        if _ours(path) - _LAYERS[layer]
+    }
+    assert upward == {}
+
+
+def test_the_flows_use_only_the_fleets_scheduler_and_it_imports_no_face() -> None:
+    for path in (ROOT / "flows").rglob("*.py"):
+        text = path.read_text()
+        assert "prefect_conductor.fleet.serve" not in text, path
+    assert _ours(ROOT / "prefect_conductor" / "fleet" / "fanout.py") <= {"conductor", "tasks"}
