@@ -3,7 +3,7 @@
 One server for the module: ``prefect server start`` on a free port with its own
 ``PREFECT_HOME``; the deployments are registered with the project's own script
 (``deployments/register.sh``, run from an unrelated directory); a process worker runs in
-another directory, without ``CONDUCTOR_HOME`` in its environment, so the conductor home can
+another directory, a project with its own ``flows``, ``tasks`` and ``conductor`` packages, without ``CONDUCTOR_HOME`` in its environment, so the conductor home can
 only come from the deployments' job variables. Flow runs are created through the REST API as
 the UI's Run button does (``POST /deployments/{id}/create_flow_run``). Both flows use the
 calculator alone (``single:calculator``): no model is loaded.
@@ -111,6 +111,13 @@ def server(tmp_path_factory) -> Iterator[Server]:
     logs, home = base / "logs", base / "conductor-home"
     for d in (logs, base / "prefect-home", base / "register-cwd", base / "worker-cwd"):
         d.mkdir()
+    # The worker starts in a user's Prefect project with its own `flows` and `tasks` packages
+    # (issue #39): ours install under `prefect_conductor` and never meet them.
+    for name in ("flows", "tasks", "conductor"):
+        (base / "worker-cwd" / name).mkdir()
+        (base / "worker-cwd" / name / "__init__.py").write_text(
+            f"raise ImportError('the project's own {name} package was imported')\n"
+        )
     api = f"http://127.0.0.1:{_free_port()}/api"
     env = {
         k: v
