@@ -70,8 +70,10 @@ def _pool_file(pool: PoolArg) -> str | None:
     return str(path)
 
 
-def _call(flow: Any, request: Any, expected: type) -> Any:
-    """Run ``flow`` in this process with the runtime's settings; its typed result or raise."""
+def run_flow(flow: Any, request: Any) -> tuple[Any, Any]:
+    """Run ``flow`` in this process with the runtime's settings, chosen now: the offline
+    defaults, the temporary server (unless ``PREFECT_API_URL``), result storage under the
+    home. Returns its final state and its result (or exception). The CLI calls this too."""
     from prefect_conductor.runtime.quiet import offline_defaults, quiet_third_party_notices
 
     offline_defaults()  # before Prefect, MLflow or Hugging Face is imported by the flow
@@ -86,6 +88,12 @@ def _call(flow: Any, request: Any, expected: type) -> Any:
         state = with_local_results(flow)(request, return_state=True)
         result = state.result(raise_on_failure=False)
         wait_until_recorded(state.state_details.flow_run_id)
+    return state, result
+
+
+def _call(flow: Any, request: Any, expected: type) -> Any:
+    """``run_flow``'s typed result, or raise."""
+    state, result = run_flow(flow, request)
     if isinstance(result, expected):
         return result
     if isinstance(result, BaseException):

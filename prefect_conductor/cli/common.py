@@ -140,17 +140,11 @@ def call_long_flow(flow: Any, request: Any, result_type: type, what: str) -> Any
 
 
 def call_flow(flow: Any, request: Any) -> tuple[Any, Any]:
-    """Run a flow in this process; returns its final state and its result (or exception)."""
-    from prefect_conductor.runtime.server import (
-        local_run_settings,
-        wait_until_recorded,
-        with_local_results,
-    )
+    """The Python API's ``run_flow``, with Prefect's shutdown kept off the terminal."""
+    from prefect_conductor.api import run_flow
 
-    with quiet_prefect_shutdown(), local_run_settings():
-        state = with_local_results(flow)(request, return_state=True)
-        result = state.result(raise_on_failure=False)
-        wait_until_recorded(state.state_details.flow_run_id)
+    with quiet_prefect_shutdown():
+        state, result = run_flow(flow, request)
     # Everything the user needs is printed after this; Prefect's shutdown output is not.
     silence_stderr_at_exit()
     return state, result
