@@ -6,30 +6,13 @@ plan. The CLI runs as a user runs it: a subprocess with a fresh home and no Pref
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.local_cli import run_cli
+
 ADVERSARIAL = "model_id = [0 # '{}\n]\nsubtasks = ['x']\naccess_list = [[]]"
-
-
-def run_cli(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m prefect_conductor.cli.app ARGS`` from this tree, with a fresh home and no Prefect server."""
-    env = {**os.environ, "CONDUCTOR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect")
-    env.pop("PREFECT_API_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "prefect_conductor.cli.app", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.mark.parametrize(
