@@ -454,13 +454,20 @@ def test_an_engine_interpreter_under_tmp_is_isolated_too(tmp_path: Path) -> None
     venv = tmp_path / "venv"  # tmp_path is under /tmp
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     repo = Path(__file__).resolve().parents[2]
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{repo}:{sysconfig.get_path('purelib')}"}
+    # That interpreter does not read this environment's editable install: lay the one import
+    # name out for it, the core folder linked under it.
+    layout = tmp_path / "layout" / "prefect_conductor"
+    layout.mkdir(parents=True)
+    (layout / "__init__.py").write_text("")
+    (layout / "conductor").symlink_to(repo / "conductor")
+    paths = f"{layout.parent}:{sysconfig.get_path('purelib')}"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": paths}
     probe = (
         "from prefect_conductor.conductor.providers.tools.sandbox import run_python\n"
         "r = run_python('import os, sys; print(sys.prefix, os.getpid(), len(os.listdir(\"/tmp\")))')\n"
         "print(r.stdout.strip(), r.returncode)\n"
     )
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", probe], env=env,
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", probe], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     prefix, pid, _entries, rc = proc.stdout.split()
