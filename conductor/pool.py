@@ -17,6 +17,7 @@ from prefect_conductor.conductor.errors import PoolConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "write_pool_file",
     "ConductorSpec",
     "WorkerSpec",
     "Pool",
@@ -234,6 +235,21 @@ def pool_from_dict(data: Any, source: str = "<memory>") -> Pool:
         msg = first["msg"].removeprefix("Value error, ")
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise PoolConfigError(f"{source}: {_format_loc(first['loc'])}: {msg}{more}") from None
+
+
+def write_pool_file(pool: Pool, directory: Path) -> Path:
+    """``pool`` as a YAML file in ``directory`` (the flows take a pool as a path), named by
+    its content, so the same pool is one file."""
+    import hashlib
+
+    text = yaml.safe_dump(pool.public_dict(), sort_keys=False)
+    path = directory / f"pool-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return path
 
 
 def default_pool_path() -> Path:

@@ -69,7 +69,7 @@ POLL_S = 1.0
 
 
 def _tags(req: EvalRequest, eval_id: str, sample: int) -> dict[str, str]:
-    tags = {"eval_id": eval_id, "dataset": req.dataset, "split": req.split}
+    tags = {**req.tags, "eval_id": eval_id, "dataset": req.dataset, "split": req.split}
     if req.samples > 1:
         tags["sample"] = str(sample)
     return tags

@@ -1,36 +1,31 @@
-"""The ``train-conductor`` flow: warm start, GRPO on executed plans, evaluation, registry.
+"""The ``train-conductor`` flow: a training recipe's stages, in order, then the registry.
 
-Stages (issue #8), each a task run and, in MLflow, a run nested under the training run of
-experiment ``train/conductor``:
+A recipe (``conductor.training.recipe``, issue #40) lists the stages; each runs here as task
+runs of this flow and, in MLflow, as runs nested under the training run of experiment
+``train/conductor``:
 
-1. evaluate the starting conductor on the held-out split (``evaluate`` subflow);
-2. optionally a warm start (SFT) on verified-correct runs of the artifact store; on a store
-   with none, each single worker first answers ``collect_limit`` training questions (one
-   eval each), so ``train-conductor`` on an empty store collects the runs it needs itself;
-   the plans are drawn balanced over the workers they use;
-3. rounds of verified self-sampling (``self_sample_rounds``, issue #18): the warm-started
-   conductor samples ``self_sample_k`` plans at ``temperature`` for each of
-   ``self_sample_questions`` fresh training questions, every plan runs and is verified like
-   any run, and the SFT is redone from the warm start's starting point (the base, or
-   ``init_adapter``) on the store's verified-correct plans, so a plan the conductor found
-   itself (a word problem it turned into an expression) becomes a target;
-   ``self_sample_hints`` adds worked examples to the sampling prompt only
-   (``conductor.training.hints``); with ``eval_stages`` each stage's conductor is evaluated
-   on the held-out split;
-4. GRPO (skipped when ``max_steps`` is 0): the policy samples ``num_generations`` plans
-   per question, every plan runs as an ``orchestrate`` subflow (a step's rollouts
-   concurrently), is verified and stored in the ``runs``/``steps`` tables tagged with the
-   training run and step, and its reward (0 / 0.5 / 1) drives the update;
-5. evaluate the trained adapter on the same held-out questions;
-6. register it as model ``conductor`` (alias ``candidate``), promoted to ``champion`` only
-   if it beats the *incumbent* on those questions: the champion of the registry, or, while
-   the registry has none, the pool's own conductor (the embedded adapter for the local pool),
-   which is what ``conductor run`` would keep using. A worse first candidate never becomes
-   champion (issue #18 measured one at 0 % valid plans promoted over the shipped 100 %).
+- ``collect``: each single worker (or a ``teacher`` conductor) answers training questions;
+  every run is verified and stored, so the right ones are SFT data;
+- ``sft``: TRL ``SFTTrainer`` on the store's verified-correct plans (never a held-out question,
+  never a run tagged ``split=test``), balanced over the workers they use, from the recipe's
+  start (a new LoRA on the base, or ``init_adapter``) or from the previous stage's adapter;
+- ``self-sample``: the current conductor samples ``num_generations`` plans per question
+  (hints in the sampling prompt only), every plan runs and is verified, then an SFT;
+- ``grpo``: TRL ``GRPOTrainer``: every rollout's plan runs as an ``orchestrate`` run and its
+  reward (0 / 0.5 / 1) drives the update;
+- ``eval``: the held-out questions, by the conductor training started from or the current one.
 
-``before`` measures ``init_adapter`` or, without one, the pool's conductor; the result says
-what it measured (``before_conductor``) and what training started from (``started_from``),
-so a before/after pair from different conductors is labelled as such.
+Every run is tagged ``train_run`` and ``train_stage``, and after each stage its cost is read
+back from the store (``conductor.training.ledger``): worker calls, tokens, cost, conductor
+generations, wall time; a metric of the MLflow run, a row of the result's ``ledger`` and of
+the Prefect table artifact ``training-ledger``. Progress is written after every stage
+(``conductor.training.progress``): the same recipe on the same pool, killed, resumes after its
+last finished stage in the same MLflow run.
+
+Then the final adapter is registered as model ``conductor`` (alias ``candidate``) and promoted
+to ``champion`` only if it beats the *incumbent* on the held-out questions: the registry's
+champion, or, while the registry has none, the pool's own conductor (the embedded adapter for
+the local pool). A worse first candidate never becomes champion (issue #18).
 """
 
 from __future__ import annotations
@@ -38,12 +33,13 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_conductor.conductor.adapters import EMBEDDED_ADAPTER, INCUMBENT
-from prefect_conductor.conductor.data.datasets import load_dataset
+from prefect_conductor.conductor.data.datasets import Example, load_dataset
 from prefect_conductor.conductor.data.store import ArtifactStore
 from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.home import conductor_home
@@ -53,19 +49,32 @@ from prefect_conductor.conductor.plan.requests import (
     OrchestrateRequest,
     RunResult,
 )
-from prefect_conductor.conductor.pool import Pool, load_pool
+from prefect_conductor.conductor.pool import Pool, load_pool, write_pool_file
 from prefect_conductor.conductor.training.config import (
-    StageScore,
+    StageReport,
     TrainConductorRequest,
     TrainConductorResult,
     rollout_request,
 )
 from prefect_conductor.conductor.training.hints import hint_rotations
+from prefect_conductor.conductor.training.ledger import LedgerEntry, ledger_total, stage_ledger
+from prefect_conductor.conductor.training.progress import FinishedStage, Progress
+from prefect_conductor.conductor.training.recipe import (
+    CollectStage,
+    EvalStage,
+    GrpoStage,
+    Questions,
+    Recipe,
+    SelfSampleStage,
+    SftSettings,
+    SftStage,
+    recipe_digest,
+)
 from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rollout, RolloutOutcome
 from prefect_conductor.conductor.training.warm_start import warm_start_examples
 from prefect_conductor.flows.best_of_n import QUESTION_FLOWS
 from prefect_conductor.flows.evaluate import evaluate
-from prefect_conductor.tasks.artifacts import RunBatch
+from prefect_conductor.tasks.artifacts import RunBatch, ledger_artifact
 from prefect_conductor.tasks.questions import RunOutcome, run_question
 from prefect_conductor.tasks.registry import resolve_conductor
 from prefect_conductor.tasks.training import (
@@ -74,7 +83,9 @@ from prefect_conductor.tasks.training import (
     champion_needs_eval,
     finish_training_run,
     grpo_train,
+    log_stage,
     register_conductor,
+    resume_training_run,
     start_training_run,
     warm_start_train,
 )
@@ -128,255 +139,391 @@ def _run_all(
     return results
 
 
-def rollout_executor(
-    request: TrainConductorRequest, source: str, run_id: str, fleet: Fleet | None = None
-):
-    """Runs a batch of rollouts, at most N at once: here, or on the fleet (``fan_out``), so
-    that a GPU trainer executes no plan itself."""
+class _Training:
+    """One training's state while its stages run: the recipe, the pool, the MLflow run,
+    the current adapter and the questions used so far."""
 
-    def execute(rollouts: list[Rollout], step: int) -> list[RolloutOutcome | None]:
+    def __init__(self, request: TrainConductorRequest, run_id: str, pool: Pool):
+        self.request = request
+        self.recipe: Recipe = request.recipe
+        self.pool = pool
+        self.run_id = run_id
+        self.output_dir = Path(
+            request.output_dir or conductor_home() / "training" / run_id
+        ).absolute()
+        # Where every "start" SFT starts: init_adapter's LoRA, or (None) a new one on the base.
+        init = self.recipe.init_adapter
+        self.start: Path | None = resolve_conductor(init).path if init else None
+        self.current: Path | None = self.start
+        self.used: set[str] = set()
+        self.fleet = Fleet(request.rollout_concurrency) if request.fan_out else None
+        heldout = self.recipe.heldout
+        self.heldout_dataset = heldout.dataset or self.recipe.dataset
+        self.heldout = load_dataset(
+            self.heldout_dataset, split=heldout.split, limit=heldout.limit, seed=self.recipe.seed
+        )
+        self.evals: dict[str, EvalResult] = {}
+
+    def tags(self, stage: str) -> dict[str, str]:
+        return {"train_run": self.run_id, "train_stage": stage}
+
+    # --- question selection -----------------------------------------------------------------
+
+    def questions(self, q: Questions) -> list[Example]:
+        """The stage's questions: its data set and split, ``where`` on ``meta``, the fresh
+        ones (not used by an earlier stage of this training) first ``limit``."""
+        dataset = q.dataset or self.recipe.dataset
+        if dataset == self.heldout_dataset and q.split == self.recipe.heldout.split:
+            raise ConductorError(
+                f"stage questions come from {dataset}/{q.split}, the held-out split: "
+                "training never reads it"
+            )
+        examples = load_dataset(dataset, split=q.split, seed=self.recipe.seed)
+        held = {e.question for e in self.heldout}
+        chosen = []
+        for e in examples:
+            if e.question in held or any(e.meta.get(k) != v for k, v in q.where.items()):
+                continue
+            if q.fresh and e.id in self.used:
+                continue
+            chosen.append(e)
+            if len(chosen) == q.limit:
+                break
+        if not chosen:
+            raise ConductorError(
+                f"no training question left in {dataset}/{q.split}"
+                + (f" where {q.where}" if q.where else "")
+                + (" that an earlier stage did not use" if q.fresh else "")
+            )
+        return chosen
+
+    # --- stages -----------------------------------------------------------------------------
+
+    def collect(self, stage: CollectStage) -> StageReport:
+        questions = self.questions(stage.questions)
+        split = stage.questions.split
+        dataset = stage.questions.dataset or self.recipe.dataset
+        requests = []
+        if stage.teacher:
+            pool, conductor = self._teacher(stage.teacher)
+            requests = [
+                rollout_request(
+                    pool, ex, {**self.tags(stage.name), "teacher": stage.teacher}, dataset,
+                    split, conductor=conductor, seed=self.recipe.seed,
+                )  # fmt: skip
+                for ex in questions
+            ]
+        else:
+            names = [w.name for w in self.pool.workers if w.kind != "conductor"]
+            for name in stage.workers or names:
+                if name not in names:
+                    raise ConductorError(
+                        f"stage {stage.name}: no worker {name!r} in the pool ({', '.join(names)})"
+                    )
+            requests = [
+                rollout_request(
+                    self.request.pool,
+                    ex,
+                    self.tags(stage.name),
+                    dataset,
+                    split,
+                    strategy=f"single:{name}",
+                    on_invalid_plan="fallback",
+                )
+                for name in stage.workers or names
+                for ex in questions
+            ]
+        outcomes = [_outcome(r) for r in self._run(requests)]
+        self.used.update(e.id for e in questions)
+        return StageReport(
+            stage=stage.name,
+            kind=stage.kind,
+            questions=len(questions),
+            rollouts=len(outcomes),
+            right=sum(bool(o and o.correct) for o in outcomes),
+        )
+
+    def _teacher(self, teacher: str) -> tuple[str | None, str | None]:
+        """(pool, conductor) of the runs a ``teacher`` plans: an adapter (a directory,
+        ``models:/…``, ``embedded``) plans on the training pool; a litellm model (``openai/…``)
+        becomes the conductor of a copy of the pool, written next to the adapters."""
+        try:
+            resolve_conductor(teacher)
+            return self.request.pool, teacher
+        except ConductorError:
+            if "/" not in teacher:
+                raise
+        conductor = self.pool.conductor.model_copy(update={"model": teacher, "prompt": "full"})
+        pool = self.pool.model_copy(update={"conductor": conductor})
+        return str(write_pool_file(pool, self.output_dir)), None
+
+    def sft(self, name: str, settings: SftSettings, new_plans: bool = False) -> StageReport:
+        runs = ArtifactStore().read_pandas("runs")
+        if settings.data == "training":
+            from prefect_conductor.conductor.training.ledger import tagged_runs
+
+            runs = tagged_runs(runs, self.run_id)
+        examples = warm_start_examples(
+            runs,
+            self.pool,
+            exclude_questions=[e.question for e in self.heldout],
+            limit=settings.max_examples,
+            seed=self.recipe.seed,
+        )
+        if not examples:
+            if new_plans:  # a self-sampling round that found nothing: the adapter is kept
+                get_run_logger().info("%s: no verified plan, the adapter is kept", name)
+                return StageReport(stage=name, kind="sft", examples=0)
+            raise ConductorError(
+                f"stage {name}: the artifact store holds no verified-correct run outside the "
+                "held-out questions; put a collect stage first"
+            )
+        init = self.start if settings.init == "start" else self.current
+        adapter, steps = warm_start_train(
+            self.recipe, settings, examples, self.output_dir, self.run_id, stage=name,
+            init_adapter=init,
+        )  # fmt: skip
+        self.current = adapter
+        return StageReport(
+            stage=name, kind="sft", examples=len(examples), steps=steps, adapter=str(adapter)
+        )
+
+    def self_sample(self, stage: SelfSampleStage) -> StageReport:
+        questions = self.questions(stage.questions)
+        hints = hint_rotations(stage.hints, self.pool) if stage.hints else None
+        dataset = stage.questions.dataset or self.recipe.dataset
         requests = [
             rollout_request(
-                request,
-                r,
-                {
-                    "train_run": run_id,
-                    "train_step": str(step),
-                    "rollout": str(i),
-                    "strategy": "grpo-rollout",
-                },
-                plan_text=r.plan_text,
-                plan_source=source,
+                self.request.pool,
+                ex,
+                {**self.tags(stage.name), "sample": str(k)},
+                dataset,
+                stage.questions.split,
+                conductor=str(self.current) if self.current else None,
+                conductor_temperature=stage.temperature,
+                conductor_hint=hints[k % len(hints)] if hints else None,
+                seed=self.recipe.seed + k,
             )
-            for i, r in enumerate(rollouts)
+            for ex in questions
+            for k in range(stage.num_generations)
         ]
-        return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency, fleet)]
-
-    return execute
-
-
-def self_sample(
-    request: TrainConductorRequest,
-    questions: list,
-    adapter: Path,
-    round_: int,
-    run_id: str,
-    fleet: Fleet | None = None,
-    hints: list[str] | None = None,
-) -> list[RolloutOutcome | None]:
-    """One round of verified self-sampling: the conductor ``adapter`` writes
-    ``self_sample_k`` plans per question at ``self_sample_temperature`` (default:
-    ``temperature``; seeds ``seed .. seed + k - 1``),
-    each runs through ``orchestrate`` and is verified and stored like any run (tagged
-    ``self_sample_round``). Its verified-correct plans are warm-start data for the next
-    round; the reference only verifies, it never becomes a target. ``hints`` (worked examples,
-    ``conductor.training.hints.hint_rotations``) are added to the sampling prompt only, sample
-    ``k`` reading rotation ``k mod len(hints)``: the plans are trained with the standard
-    prompt."""
-    hinted = {"self_sample_hints": request.self_sample_hints} if hints else {}
-    requests = [
-        rollout_request(
-            request,
-            ex,
-            {"train_run": run_id, "self_sample_round": str(round_), "sample": str(k), **hinted},
-            conductor=str(adapter),
-            conductor_temperature=request.self_sample_temperature or request.temperature,
-            conductor_hint=hints[k % len(hints)] if hints else None,
-            seed=request.seed + k,
+        outcomes = [_outcome(r) for r in self._run(requests)]
+        self.used.update(e.id for e in questions)
+        right = sum(bool(o and o.correct) for o in outcomes)
+        get_run_logger().info("%s: %d of %d plans right", stage.name, right, len(outcomes))
+        trained = self.sft(stage.name, stage.sft, new_plans=True)
+        return trained.model_copy(
+            update={
+                "kind": stage.kind,
+                "questions": len(questions),
+                "rollouts": len(outcomes),
+                "right": right,
+            }
         )
-        for ex in questions
-        for k in range(request.self_sample_k)
-    ]
-    return [_outcome(r) for r in _run_all(requests, request.rollout_concurrency, fleet)]
 
+    def grpo(self, stage: GrpoStage) -> StageReport:
+        if not stage.max_steps:
+            return StageReport(stage=stage.name, kind=stage.kind, steps=0)
+        questions = self.questions(stage.questions)
+        dataset = stage.questions.dataset or self.recipe.dataset
+        reward = ExecutedPlanReward(self._executor(stage, dataset))
+        outcome = grpo_train(
+            self.recipe, stage, self.pool, questions, self.current, reward, self.output_dir,
+            self.run_id,
+        )  # fmt: skip
+        self.current = outcome.adapter_dir
+        return StageReport(
+            stage=stage.name,
+            kind=stage.kind,
+            questions=len(questions),
+            rollouts=outcome.rollouts,
+            right=sum(1 for s in reward.samples if s.get("reward") == 1.0),
+            steps=outcome.steps,
+            adapter=str(outcome.adapter_dir),
+        )
 
-def _round_questions(request: TrainConductorRequest, train: list, round_: int) -> list:
-    """Fresh training questions for self-sampling round ``round_`` (1-based): those after
-    the ones the collection used, cycling through the split."""
-    n = len(train)
-    start = request.collect_limit + (round_ - 1) * request.self_sample_questions
-    return [train[(start + i) % n] for i in range(min(request.self_sample_questions, n))]
+    def _executor(self, stage: GrpoStage, dataset: str):
+        source = f"grpo:{self.run_id}"
 
+        def execute(rollouts: list[Rollout], step: int) -> list[RolloutOutcome | None]:
+            requests = [
+                rollout_request(
+                    self.request.pool,
+                    r,
+                    {**self.tags(stage.name), "train_step": str(step), "rollout": str(i),
+                     "strategy": "grpo-rollout"},
+                    dataset,
+                    stage.questions.split,
+                    plan_text=r.plan_text,
+                    plan_source=source,
+                )  # fmt: skip
+                for i, r in enumerate(rollouts)
+            ]
+            return [_outcome(r) for r in self._run(requests)]
 
-def _eval(request: TrainConductorRequest, conductor: str | None, name: str, parent: str):
-    state = evaluate(
-        EvalRequest(
-            dataset=request.dataset,
-            split=request.eval_split,
-            limit=request.eval_limit,
-            strategy="conductor",
-            concurrency=request.eval_concurrency,
-            pool=request.pool,
-            seed=request.seed,
-            conductor=conductor,
-            experiment=EXPERIMENT,
-            run_name=name,
-            mlflow_tags={"mlflow.parentRunId": parent, "stage": name},
-            fan_out=request.fan_out,
-        ),
-        return_state=True,
-    )
-    result = state.result(raise_on_failure=False)
-    if not isinstance(result, EvalResult):
-        raise ConductorError(f"evaluation '{name}' failed: {result}")
-    return result
+        return execute
 
-
-def _warm_start_data(request: TrainConductorRequest, pool: Pool, heldout: list) -> list:
-    return warm_start_examples(
-        ArtifactStore().read_pandas("runs"),
-        pool,
-        exclude_questions=[e.question for e in heldout],
-        limit=request.warm_start_examples,
-        seed=request.seed,
-    )
-
-
-def _collect(request: TrainConductorRequest, pool: Pool, parent: str) -> None:
-    """An empty store: every single worker answers ``collect_limit`` training questions, so
-    that the verified-correct ones (and only those) become warm-start plans. Each worker is
-    one eval, tracked under the training run as ``collect <worker>``."""
-    for worker in pool.workers:
-        if worker.kind == "conductor":
-            continue
-        evaluate(
+    def evaluate(self, stage: EvalStage | None, name: str, conductor: str | None) -> EvalResult:
+        heldout = self.recipe.heldout
+        state = evaluate(
             EvalRequest(
-                dataset=request.dataset,
-                split=request.split,
-                limit=request.collect_limit,
-                strategy=f"single:{worker.name}",
-                concurrency=request.eval_concurrency,
-                pool=request.pool,
-                seed=request.seed,
+                dataset=(stage and stage.dataset) or self.heldout_dataset,
+                split=(stage and stage.split) or heldout.split,
+                limit=(stage and stage.limit) or heldout.limit,
+                strategy="conductor",
+                concurrency=self.request.eval_concurrency,
+                pool=self.request.pool,
+                seed=self.recipe.seed,
+                conductor=conductor,
                 experiment=EXPERIMENT,
-                run_name=f"collect {worker.name}",
-                mlflow_tags={"mlflow.parentRunId": parent, "stage": "collect"},
+                run_name=name,
+                mlflow_tags={"mlflow.parentRunId": self.run_id, "stage": name},
+                tags=self.tags(name),
+                fan_out=self.request.fan_out,
             ),
             return_state=True,
         )
+        result = state.result(raise_on_failure=False)
+        if not isinstance(result, EvalResult):
+            raise ConductorError(f"evaluation '{name}' failed: {result}")
+        return result
+
+    def eval_stage(self, stage: EvalStage) -> StageReport:
+        if stage.conductor == "start":
+            conductor = self.recipe.init_adapter
+        else:
+            conductor = str(self.current) if self.current else self.recipe.init_adapter
+        result = self.evaluate(stage, stage.name, conductor)
+        self.evals[stage.name] = result
+        return StageReport(
+            stage=stage.name,
+            kind=stage.kind,
+            questions=result.n,
+            accuracy=result.accuracy,
+            format_valid=result.format_valid_rate,
+            adapter=conductor,
+        )
+
+    def _run(self, requests: list[OrchestrateRequest]) -> list[object]:
+        return _run_all(requests, self.request.rollout_concurrency, self.fleet)
+
+    def run_stage(self, stage: Any) -> StageReport:
+        if isinstance(stage, CollectStage):
+            return self.collect(stage)
+        if isinstance(stage, SftStage):
+            return self.sft(stage.name, stage)
+        if isinstance(stage, SelfSampleStage):
+            return self.self_sample(stage)
+        if isinstance(stage, GrpoStage):
+            return self.grpo(stage)
+        return self.eval_stage(stage)
+
+    def ledger(self, stage: str, wall_s: float) -> LedgerEntry:
+        store = ArtifactStore()
+        runs = store.read_pandas("runs", columns=["run_id", "tags", "conductor_output"])
+        steps = store.read_pandas(
+            "steps", columns=["run_id", "status", "input_tokens", "output_tokens", "cost_usd"]
+        )
+        return stage_ledger(runs, steps, self.run_id, stage, wall_s)
 
 
 def _training_pool(request: TrainConductorRequest) -> Pool:
     pool = load_pool(request.pool)
-    conductor = pool.conductor.model_copy(update={"prompt": request.prompt})
+    conductor = pool.conductor.model_copy(update={"prompt": request.recipe.prompt})
     return pool.model_copy(update={"conductor": conductor})
+
+
+def _digest(request: TrainConductorRequest, pool: Pool) -> str:
+    return recipe_digest(
+        request.recipe, pool=pool.public_dict(), output_dir=request.output_dir
+    )
+
+
+def _begin(request: TrainConductorRequest, digest: str) -> tuple[Progress, str | None]:
+    """This training's progress: a killed one of the same digest, resumed (and the name of
+    the stage it resumes at), or a new MLflow run."""
+    previous = None if request.restart else Progress.load(digest)
+    if previous is not None and not previous.finished:
+        resume_training_run(previous.run_id)
+        names = [s.name for s in request.recipe.stages]
+        at = next((n for n in names if previous.done(n) is None), names[-1])
+        return previous, at
+    run_id = start_training_run(request, {"flow_run_id": str(flow_run.id or ""), "digest": digest})
+    progress = Progress(run_id=run_id, digest=digest, recipe=request.recipe.name)
+    progress.save()
+    return progress, None
 
 
 @flow(
     name="train-conductor",
-    flow_run_name="train conductor · {request.dataset}",
+    flow_run_name="train conductor · {request.recipe.name}",
     task_runner=ThreadPoolTaskRunner(64),
     log_prints=False,
 )
 def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
-    """Train the conductor with GRPO on executed plans; register and maybe promote it."""
+    """Run a training recipe's stages on the pool; register the conductor, maybe promote it."""
     started = time.perf_counter()
     log = get_run_logger()
+    recipe = request.recipe
     pool = _training_pool(request)
-    # A bad hint file is one clear error before anything runs.
-    hints = hint_rotations(request.self_sample_hints, pool) if request.self_sample_hints else None
-    train = load_dataset(
-        request.dataset, split=request.split, limit=request.limit, seed=request.seed
-    )
-    heldout = load_dataset(
-        request.dataset, split=request.eval_split, limit=request.eval_limit, seed=request.seed
-    )
-    signature = f"{request.dataset}/{request.eval_split}/{request.eval_limit}/{request.seed}"
-    run_id = start_training_run(request, {"flow_run_id": str(flow_run.id or "")})
-    output_dir = Path(request.output_dir or conductor_home() / "training" / run_id).absolute()
+    for stage in recipe.stages:  # a bad hint file is one clear error before anything runs
+        if isinstance(stage, SelfSampleStage) and stage.hints:
+            hint_rotations(stage.hints, pool)
+    digest = _digest(request, pool)
+    progress, resumed_at = _begin(request, digest)
+    run_id = progress.run_id
+    if resumed_at:
+        log.info("resuming training %s (MLflow run %s) at stage %s", digest, run_id, resumed_at)
+    training = _Training(request, run_id, pool)
+    reports: list[StageReport] = []
+    ledger: list[LedgerEntry] = []
     status = "FAILED"
     try:
-        before = (
-            _eval(request, request.init_adapter, "before", run_id) if request.eval_before else None
+        for i, stage in enumerate(recipe.stages):
+            done = progress.done(stage.name)
+            if done is not None:  # finished before the kill: not run again
+                training.used.update(done.used)
+                training.current = Path(done.adapter) if done.adapter else training.current
+                reports.append(StageReport.model_validate(done.report))
+                ledger.append(done.ledger)
+                continue
+            t0 = time.perf_counter()
+            used_before = set(training.used)
+            report = training.run_stage(stage)
+            entry = training.ledger(stage.name, time.perf_counter() - t0)
+            reports.append(report)
+            ledger.append(entry)
+            log_stage(
+                run_id, entry, i, {"accuracy": report.accuracy, "format_valid": report.format_valid}
+            )
+            progress.stages.append(
+                FinishedStage(
+                    name=stage.name,
+                    report=report.model_dump(mode="json"),
+                    ledger=entry,
+                    used=sorted(training.used - used_before),
+                    adapter=str(training.current) if training.current else None,
+                )
+            )
+            progress.save()
+        final = training.current
+        if final is None:
+            raise ConductorError(
+                f"recipe {recipe.name}: no stage trained an adapter (add an sft, self-sample or "
+                "grpo stage)"
+            )
+        after = _after(training, reports)
+        before = _before(training, reports)
+        signature = (
+            f"{training.heldout_dataset}/{recipe.heldout.split}/{recipe.heldout.limit}/"
+            f"{recipe.seed}"
         )
-        before_conductor = request.init_adapter or f"pool conductor ({pool.conductor.model})"
-        # Where every SFT starts: init_adapter's LoRA, or (None) a new one on the base.
-        start = resolve_conductor(request.init_adapter).path if request.init_adapter else None
-        init = start
-        n_warm = None
-        stages: list[StageScore] = []
-        scored_adapters: dict[Path, EvalResult] = {}  # a stage's eval, reused as `after`
-        # With fan_out, every plan of this run (self-sampling, GRPO rollouts, evals) is
-        # executed by the fleet's `conductor serve` processes, not by the trainer's host.
-        fleet = Fleet(request.rollout_concurrency) if request.fan_out else None
-
-        def stage_score(name: str, adapter: Path, **counts: int | None) -> None:
-            if request.eval_stages:
-                scored = _eval(request, str(adapter), f"stage {name}", run_id)
-                scored_adapters[adapter] = scored
-                stages.append(
-                    StageScore(
-                        stage=name,
-                        accuracy=scored.accuracy,
-                        format_valid=scored.format_valid_rate,
-                        **counts,
-                    )
-                )
-            else:
-                stages.append(StageScore(stage=name, **counts))
-
-        if request.warm_start:
-            examples = _warm_start_data(request, pool, heldout)
-            if not examples and request.collect_limit:
-                _collect(request, pool, run_id)
-                examples = _warm_start_data(request, pool, heldout)
-            n_warm = len(examples)
-            if not examples:
-                raise ConductorError(
-                    "warm start: the artifact store holds no verified-correct run outside the "
-                    "held-out split; run e.g. `conductor eval --dataset arithmetic --split train "
-                    "--strategy random-plan` first"
-                )
-            log.info("warm start on %d verified-correct plans", n_warm)
-            # From init_adapter (the champion of a weekly retraining) when given: it goes on
-            # training; else a new LoRA on the base model.
-            init = warm_start_train(request, examples, output_dir, run_id, init_adapter=start)
-            stage_score("warm-start", init, examples=n_warm)
-        # Self-sampling needs a conductor of our own to sample: the warm start's, or
-        # init_adapter's. Each round then redoes the SFT from where the warm start started
-        # (a new LoRA on the base, or init_adapter) on every verified-correct plan stored,
-        # its own now included. Training only the round's plans on top of the last adapter
-        # was measured (issue #18, ninth session): 84.5 min instead of 91, but the candidate
-        # sent every arithmetic question to smol (40 % against 66 %), so it is not done.
-        if init is not None:
-            for round_ in range(1, request.self_sample_rounds + 1):
-                questions = _round_questions(request, train, round_)
-                outcomes = self_sample(request, questions, init, round_, run_id, fleet, hints)
-                right = sum(bool(o and o.correct) for o in outcomes)
-                log.info(
-                    "self-sampling round %d: %d of %d plans right", round_, right, len(outcomes)
-                )
-                examples = _warm_start_data(request, pool, heldout)
-                if examples:
-                    n_warm = len(examples)
-                    init = warm_start_train(
-                        request,
-                        examples,
-                        output_dir,
-                        run_id,
-                        stage=f"round-{round_}",
-                        init_adapter=start,
-                    )
-                else:
-                    log.info(
-                        "self-sampling round %d: no verified plan, the adapter is kept", round_
-                    )
-                stage_score(f"round-{round_}", init, examples=len(examples), rollouts=len(outcomes))
-        if request.max_steps:
-            source = f"grpo:{run_id}"
-            reward = ExecutedPlanReward(rollout_executor(request, source, run_id, fleet))
-            grpo = grpo_train(request, pool, train, init, reward, output_dir, run_id)
-            final = grpo.adapter_dir
-        elif init is not None:
-            grpo, final = None, init
-        else:
-            raise ConductorError("nothing to train: max_steps is 0 and there is no warm start")
-        # With eval_stages and no GRPO the last stage's adapter is the final one: its
-        # held-out eval is already done (the MLflow run "stage round-N"), not run twice.
-        after = scored_adapters.get(final) or _eval(request, str(final), "after", run_id)
-        incumbent_acc = (
-            _incumbent_accuracy(request, signature, before, run_id) if request.promote else None
-        )
+        incumbent_acc = None
+        if request.promote:
+            t0 = time.perf_counter()
+            incumbent_acc = _incumbent_accuracy(training, signature, before)
+            if "incumbent" in training.evals:
+                ledger.append(training.ledger("incumbent", time.perf_counter() - t0))
         registration = register_conductor(
             run_id, final, after.accuracy, signature, request.promote, incumbent_acc
         )
@@ -385,80 +532,98 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         wall = time.perf_counter() - started
         if status != "FINISHED":
             finish_training_run(run_id, {"wall_s": wall}, status)
+    total = ledger_total(ledger)
+    ledger_artifact(recipe.name, run_id, [*ledger, total])
+    progress.finished = True
+    progress.save()
     metrics = {
         "wall_s": wall,
-        "grpo_steps": grpo.steps if grpo else 0,
-        "rollouts": grpo.rollouts if grpo else 0,
-        "self_sample_rollouts": sum(st.rollouts or 0 for st in stages),
-        "rollouts_per_s": grpo.rollouts / grpo.wall_s if grpo and grpo.wall_s else None,
-        "steps_per_s": grpo.steps / grpo.wall_s if grpo and grpo.wall_s else None,
-        "reward_first": grpo.rewards[0] if grpo and grpo.rewards else None,
-        "reward_last": grpo.rewards[-1] if grpo and grpo.rewards else None,
         "accuracy_before": before.accuracy if before else None,
         "accuracy_after": after.accuracy,
         "format_valid_before": before.format_valid_rate if before else None,
         "format_valid_after": after.format_valid_rate,
-        "warm_start_examples": n_warm,
         "promoted": float(registration.promoted),
-        **{
-            f"stage_{s.stage}_{k}": getattr(s, k)
-            for s in stages
-            for k in ("accuracy", "format_valid")
-            if getattr(s, k) is not None
-        },
+        **{f"total/{k}": v for k, v in total.model_dump(exclude={"stage"}).items()},
     }
     finish_training_run(run_id, metrics, "FINISHED")
     log.info(
-        "accuracy %s -> %.3f, valid plans %s -> %s; model conductor v%s%s",
+        "accuracy %s -> %.3f, valid plans %s -> %s; model conductor v%s%s; %d worker calls",
         f"{before.accuracy:.3f}" if before else "-",
         after.accuracy,
         before.format_valid_rate if before else "-",
         after.format_valid_rate,
         registration.version,
         " promoted to champion" if registration.promoted else "",
+        total.worker_calls,
     )
+    start = recipe.init_adapter or f"{recipe.base} + a new LoRA"
     return TrainConductorResult(
         run_id=run_id,
-        steps=grpo.steps if grpo else 0,
+        recipe=recipe.name,
         wall_s=round(wall, 1),
-        warm_start_examples=n_warm,
-        reward_first=metrics["reward_first"],
-        reward_last=metrics["reward_last"],
-        format_valid_before=metrics["format_valid_before"],
-        format_valid_after=metrics["format_valid_after"],
-        accuracy_before=metrics["accuracy_before"],
+        accuracy_before=before.accuracy if before else None,
         accuracy_after=after.accuracy,
+        format_valid_before=before.format_valid_rate if before else None,
+        format_valid_after=after.format_valid_rate,
         adapter_uri=f"models:/conductor/{registration.version}",
         adapter_dir=str(final),
         model_version=registration.version,
         promoted=registration.promoted,
         incumbent_accuracy=registration.champion_accuracy,
-        before_conductor=before_conductor if before else None,
-        started_from=_started_from(request, n_warm),
-        stages=stages,
+        before_conductor=(recipe.init_adapter or f"pool conductor ({pool.conductor.model})")
+        if before
+        else None,
+        started_from=start,
+        resumed_at=resumed_at,
+        stages=reports,
+        ledger=[*ledger, total],
     )
 
 
+def _heldout_eval(training: _Training, report: StageReport) -> bool:
+    stage = training.recipe.stage(report.stage)
+    return isinstance(stage, EvalStage) and not (stage.dataset or stage.split or stage.limit)
+
+
+def _after(training: _Training, reports: list[StageReport]) -> EvalResult:
+    """The last eval stage on the held-out questions (a recipe always ends with one)."""
+    report = next(r for r in reversed(reports) if _heldout_eval(training, r))
+    return training.evals.get(report.stage) or _stored_eval(report)
+
+
+def _before(training: _Training, reports: list[StageReport]) -> EvalResult | None:
+    for report in reports:
+        stage = training.recipe.stage(report.stage)
+        if _heldout_eval(training, report) and stage.conductor == "start":
+            return training.evals.get(report.stage) or _stored_eval(report)
+    return None
+
+
+def _stored_eval(report: StageReport) -> Any:
+    """A finished eval stage of a resumed training, from its report."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(accuracy=report.accuracy, format_valid_rate=report.format_valid)
+
+
 def _incumbent_accuracy(
-    request: TrainConductorRequest, signature: str, before: EvalResult | None, run_id: str
+    training: _Training, signature: str, before: EvalResult | None
 ) -> float | None:
     """The held-out accuracy the candidate must beat: the registry's champion (recorded for
     these questions, or evaluated now), else the pool's own conductor (``before`` when it
     measured that conductor, else evaluated now)."""
     champion = champion_needs_eval(signature)
     if champion is not None:
-        return _eval(request, champion, "champion", run_id).accuracy
+        result = training.evaluate(None, "incumbent", champion)
+        training.evals["incumbent"] = result
+        return result.accuracy
     if champion_exists():
         return None  # its accuracy on these questions is recorded: register_conductor reads it
     # Without a champion, ``champion`` is the shipped adapter: the local pool's conductor.
-    shipped = load_pool(request.pool).conductor.model == f"local/{EMBEDDED_ADAPTER}"
-    if before is not None and (
-        request.init_adapter is None or (request.init_adapter == INCUMBENT and shipped)
-    ):
+    init = training.recipe.init_adapter
+    shipped = load_pool(training.request.pool).conductor.model == f"local/{EMBEDDED_ADAPTER}"
+    if before is not None and (init is None or (init == INCUMBENT and shipped)):
         return before.accuracy
-    return _eval(request, None, "incumbent", run_id).accuracy
-
-
-def _started_from(request: TrainConductorRequest, n_warm: int | None) -> str:
-    start = request.init_adapter or f"{request.base} + a new LoRA"
-    return f"{start}, warm-started on {n_warm} plans" if n_warm else start
+    result = training.evaluate(None, "incumbent", None)
+    training.evals["incumbent"] = result
+    return result.accuracy

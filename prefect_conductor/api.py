@@ -55,16 +55,9 @@ def _pool_file(pool: PoolArg) -> str | None:
         return None
     if isinstance(pool, Pool):
         from prefect_conductor.conductor.home import conductor_home
+        from prefect_conductor.conductor.pool import write_pool_file
 
-        text = yaml.safe_dump(pool.public_dict(), sort_keys=False)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        path = conductor_home() / "pools" / f"pool-{digest}.yaml"
-        if not path.exists():  # content-addressed: the same pool is one file
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
-        return str(path)
+        return str(write_pool_file(pool, conductor_home() / "pools"))
     path = Path(pool).expanduser().resolve()
     load_pool(path)  # fail here, in one line, not inside a flow run
     return str(path)

@@ -297,6 +297,19 @@ def publish_eval_runs(rows: Sequence[dict[str, Any]], strategy: str) -> None:
     )
 
 
+def ledger_artifact(recipe: str, run_id: str, entries: Sequence[Any]) -> None:
+    """The ``training-ledger`` table artifact: one row per stage (a ``LedgerEntry``) and the
+    total, what a training spent (issue #40)."""
+    table = [e.model_dump() for e in entries]
+    total = table[-1] if table else {}
+    create_table_artifact(
+        table=table,
+        key="training-ledger",
+        description=f"{recipe} (MLflow run {run_id}): {total.get('worker_calls', 0)} worker "
+        f"calls, ${total.get('cost_usd', 0):.4f}",
+    )
+
+
 def publish_eval_summary(result: EvalResult) -> None:
     """A table artifact of the eval's metrics (see ``eval_summary_rows``)."""
     create_table_artifact(

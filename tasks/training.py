@@ -26,6 +26,8 @@ from prefect_conductor.conductor.adapters import write_adapter_meta
 from prefect_conductor.conductor.data.datasets import Example
 from prefect_conductor.conductor.plan.prompts import conductor_messages
 from prefect_conductor.conductor.pool import Pool
+from prefect_conductor.conductor.training.ledger import LEDGER_FIELDS, LedgerEntry
+from prefect_conductor.conductor.training.recipe import GrpoStage, Recipe, SftSettings
 from prefect_conductor.conductor.training.config import (
     TrainConductorRequest,
     grpo_config,
@@ -54,7 +56,9 @@ __all__ = [
     "champion_needs_eval",
     "finish_training_run",
     "grpo_train",
+    "log_stage",
     "register_conductor",
+    "resume_training_run",
     "start_training_run",
     "use_all_cores",
     "warm_start_train",
@@ -90,9 +94,59 @@ def use_all_cores() -> None:
     retry_condition_fn=retry_unless_unreachable,
 )
 def start_training_run(request: TrainConductorRequest, tags: dict[str, str]) -> str:
-    """Open the MLflow run of this training (experiment ``train/conductor``)."""
-    params = request.model_dump(exclude={"output_dir"})
-    return open_run(EXPERIMENT, "train-conductor", params, tags)
+    """Open the MLflow run of this training (experiment ``train/conductor``): the recipe's
+    top-level settings as params, the whole recipe (as it runs) as ``recipe.yaml``."""
+    recipe = request.recipe
+    params = {
+        **recipe.model_dump(exclude={"stages", "heldout", "description"}),
+        "recipe": recipe.name,
+        "stages": ",".join(s.name for s in recipe.stages),
+        "heldout": f"{recipe.heldout.dataset or recipe.dataset}/{recipe.heldout.split}/"
+        f"{recipe.heldout.limit}",
+        "pool": request.pool,
+        "promote": request.promote,
+        "fan_out": request.fan_out,
+    }
+    run_id = open_run(EXPERIMENT, f"train-conductor · {recipe.name}", params, tags)
+    with tracking_server("log the recipe"):
+        _mlflow().MlflowClient().log_text(run_id, recipe.to_yaml(), "recipe.yaml")
+    return run_id
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="resume-training-run",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
+def resume_training_run(run_id: str) -> None:
+    """Mark the MLflow run of a killed training running again: it goes on in the same run."""
+    with tracking_server(f"resume run {run_id}"):
+        _mlflow().MlflowClient().update_run(run_id, status="RUNNING")
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="log-ledger",
+    retries=2,
+    retry_delay_seconds=1,
+    retry_condition_fn=retry_unless_unreachable,
+)
+def log_stage(run_id: str, entry: LedgerEntry, step: int, scores: dict[str, float | None]) -> None:
+    """A stage's ledger (``ledger/<field>`` at step ``step``, and ``<stage>/<field>``) and
+    its scores, as metrics of the training run."""
+    from mlflow.entities import Metric
+
+    stamp = int(time.time() * 1000)
+    values = {f: getattr(entry, f) for f in LEDGER_FIELDS}
+    metrics = [Metric(f"{entry.stage}/{k}", float(v), stamp, 0) for k, v in values.items()]
+    metrics += [Metric(f"ledger/{k}", float(v), stamp, step) for k, v in values.items()]
+    metrics += [
+        Metric(f"{entry.stage}/{k}", float(v), stamp, 0) for k, v in scores.items() if v is not None
+    ]
+    with tracking_server(f"log stage {entry.stage}"):
+        _mlflow().MlflowClient().log_batch(run_id, metrics=metrics)
 
 
 @task(
@@ -118,28 +172,29 @@ def _stage_run(mlflow: Any, stage: str, parent_run_id: str) -> Any:
     )
 
 
-def _save_adapter(model: Any, directory: Path, request: TrainConductorRequest, **prov: Any) -> None:
+def _save_adapter(model: Any, directory: Path, recipe: Recipe, **prov: Any) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))
     # PEFT records the base as the local path it was loaded from; the name is portable.
     config = directory / "adapter_config.json"
     data = json.loads(config.read_text())
-    data["base_model_name_or_path"] = request.base
+    data["base_model_name_or_path"] = recipe.base
     config.write_text(json.dumps(data, indent=2) + "\n")
-    write_adapter_meta(directory, request.base, request.prompt, provenance=prov)
+    write_adapter_meta(directory, recipe.base, recipe.prompt, provenance=prov)
 
 
 @task(cache_policy=NO_CACHE, name="warm-start", task_run_name="{stage} · SFT")
 def warm_start_train(
-    request: TrainConductorRequest,
+    recipe: Recipe,
+    settings: SftSettings,
     examples: list[dict[str, Any]],
     output_dir: Path,
     parent_run_id: str,
     stage: str = "warm-start",
     init_adapter: Path | None = None,
-) -> Path:
+) -> tuple[Path, int]:
     """TRL ``SFTTrainer`` on verified-correct plans; returns the adapter directory
-    ``output_dir/stage``. Without ``init_adapter`` it trains a new LoRA on the base model;
+    ``output_dir/stage`` and the trainer's steps. Without ``init_adapter`` it trains a new LoRA on the base model;
     with one (``--init-adapter``, the champion of a weekly retraining) it trains that LoRA
     further. Every stage starts from the same point, so a round's adapter depends only on
     the plans it was given (expert iteration, not drift)."""
@@ -149,16 +204,16 @@ def warm_start_train(
 
     use_all_cores()
     mlflow = _mlflow()
-    model, tokenizer = load_trainable_base(request.base)
+    model, tokenizer = load_trainable_base(recipe.base)
     peft_config = None
     if init_adapter is not None:
         model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
     else:
-        peft_config = lora_config(request)
+        peft_config = lora_config(recipe)
     rows = [{"prompt": e["prompt"], "completion": e["completion"]} for e in examples]
     trainer = SFTTrainer(
         model=model,
-        args=sft_config(request, output_dir / "sft", len(rows), stage),
+        args=sft_config(settings, recipe.seed, output_dir / "sft", len(rows), stage),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
@@ -173,7 +228,7 @@ def warm_start_train(
     _save_adapter(
         trainer.model,
         target,
-        request,
+        recipe,
         stage=stage,
         examples=len(rows),
         steps=result.global_step,
@@ -188,7 +243,7 @@ def warm_start_train(
         result.training_loss,
         target,
     )
-    return target
+    return target, result.global_step
 
 
 @dataclass
@@ -214,9 +269,10 @@ def _grpo_rows(examples: list[Example], pool: Pool) -> list[dict[str, Any]]:
     ]
 
 
-@task(cache_policy=NO_CACHE, name="grpo", task_run_name="GRPO · {request.max_steps} steps")
+@task(cache_policy=NO_CACHE, name="grpo", task_run_name="{stage.name} · GRPO")
 def grpo_train(
-    request: TrainConductorRequest,
+    recipe: Recipe,
+    stage: GrpoStage,
     pool: Pool,
     examples: list[Example],
     init_adapter: Path | None,
@@ -231,34 +287,34 @@ def grpo_train(
 
     use_all_cores()
     mlflow = _mlflow()
-    model, tokenizer = load_trainable_base(request.base)
+    model, tokenizer = load_trainable_base(recipe.base)
     peft_config = None
     if init_adapter is not None:
         model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
     else:
-        peft_config = lora_config(request)
+        peft_config = lora_config(recipe)
     reward_funcs: list[Any] = [plan_reward]
-    weights = [1.0]
-    if request.token_penalty_weight:
+    weights = [stage.reward_weights["plan"]]
+    if stage.reward_weights.get("token_cost"):
         reward_funcs.append(TokenCostPenalty(plan_reward))
-        weights.append(request.token_penalty_weight)
-    if request.orchrm_weight:
+        weights.append(stage.reward_weights["token_cost"])
+    if stage.reward_weights.get("orchrm"):
         from prefect_conductor.reward_model.model import CHAMPION
         from prefect_conductor.reward_model.rewards import OrchRMReward
         from prefect_conductor.tasks.registry import download_registered
 
-        reward_funcs.append(OrchRMReward(request.orchrm or CHAMPION, pool, download_registered))
-        weights.append(request.orchrm_weight)
+        reward_funcs.append(OrchRMReward(stage.orchrm or CHAMPION, pool, download_registered))
+        weights.append(stage.reward_weights["orchrm"])
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
-        args=grpo_config(request, output_dir / "grpo", weights),
+        args=grpo_config(stage, recipe.seed, output_dir / stage.name, weights),
         train_dataset=Dataset.from_list(_grpo_rows(examples, pool)),
         processing_class=tokenizer,
         peft_config=peft_config,
     )
     started = time.perf_counter()
-    with tracking_server("log stage grpo"), _stage_run(mlflow, "grpo", parent_run_id):
+    with tracking_server(f"log stage {stage.name}"), _stage_run(mlflow, stage.name, parent_run_id):
         result = trainer.train()
         wall = time.perf_counter() - started
         mlflow.log_metric("stage_wall_s", wall)
@@ -272,12 +328,12 @@ def grpo_train(
         if s["reward"] is not None:
             per_step.setdefault(s["step"], []).append(s["reward"])
     rewards = [sum(v) / len(v) for _, v in sorted(per_step.items())]
-    target = output_dir / "adapter"
+    target = output_dir / stage.name
     _save_adapter(
         trainer.model,
         target,
-        request,
-        stage="grpo",
+        recipe,
+        stage=stage.name,
         steps=result.global_step,
         warm_start=str(init_adapter) if init_adapter else None,
         mlflow_run=parent_run_id,

@@ -15,7 +15,8 @@ first in the *train* split, in stories and phrasings the generators do not use:
 
 and in *test* the ``mixed`` and ``arithmetic`` test splits' word problems, interleaved, none of
 them in train. References are computed by the generators; no expression is stored. Pure: no
-I/O, seeded (``python -m benchmarks.word_curriculum`` writes it to a file and trains on it).
+I/O, seeded. It is the built-in data set ``words`` (``meta.level`` 1-4), which the ``shipped``
+recipe's self-sampling rounds walk through in order (``fresh`` questions, no offsets).
 
 May import: ``datasets`` (the built-in splits it draws on).
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 from prefect_conductor.conductor.data.datasets import load_dataset
 
-__all__ = ["EASY", "THREE", "curriculum_rows"]
+__all__ = ["EASY", "THREE", "curriculum_examples", "curriculum_rows"]
 
 EASY = 128  # questions of each difficulty (one operation, then two)
 THREE = 128  # three-operation (and bracketed-sum) problems, after the generators' ones
@@ -151,8 +152,15 @@ def _three_operations(rng: random.Random) -> tuple[str, int]:
     )
 
 
-def _row(id_: str, question: str, reference: str, split: str) -> dict[str, Any]:
-    return {"id": id_, "question": question, "reference": reference, "kind": "math", "split": split}
+def _row(id_: str, question: str, reference: str, split: str, level: int) -> dict[str, Any]:
+    return {
+        "id": id_,
+        "question": question,
+        "reference": reference,
+        "kind": "math",
+        "split": split,
+        "meta": {"level": level, "domain": "word"},
+    }
 
 
 def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
@@ -164,7 +172,7 @@ def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
     rng = random.Random("curriculum-probe" if seed == 0 else f"curriculum-probe:{seed}")
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for generate in (_one_operation, _two_operations):
+    for level, generate in ((1, _one_operation), (2, _two_operations)):
         made = 0
         while made < EASY:
             question, value = generate(rng)
@@ -172,7 +180,7 @@ def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
                 continue
             seen.add(question)
             made += 1
-            rows.append(_row(f"easy/{len(rows)}", question, str(value), "train"))
+            rows.append(_row(f"easy/{len(rows)}", question, str(value), "train", level))
 
     def words(name: str, split: str) -> list[Any]:
         examples = load_dataset(name, split=split, seed=seed)
@@ -190,7 +198,7 @@ def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
         for e in pair:
             if e.question not in held and e.question not in seen:
                 seen.add(e.question)
-                rows.append(_row(e.id, e.question, e.reference, "train"))
+                rows.append(_row(e.id, e.question, e.reference, "train", 3))
     # Added after the generators' rows (its own draw), so every earlier row keeps its offset.
     rng3 = random.Random(f"curriculum-probe-three:{seed}")
     made = 0
@@ -200,7 +208,21 @@ def curriculum_rows(seed: int = 0) -> list[dict[str, Any]]:
             continue
         seen.add(question)
         made += 1
-        rows.append(_row(f"three/{made - 1}", question, str(value), "train"))
+        rows.append(_row(f"three/{made - 1}", question, str(value), "train", 4))
     for e in test:
-        rows.append(_row(e.id, e.question, e.reference, "test"))
+        rows.append(_row(e.id, e.question, e.reference, "test", 3))
     return rows
+
+
+def curriculum_examples(split: str, seed: int = 0) -> list[Any]:
+    """The built-in data set ``words``: ``curriculum_rows`` of ``split`` as examples, easiest
+    first in train; ``meta.level`` is 1 (one operation), 2 (two), 3 (the generators' word
+    problems) or 4 (three operations, or a sum that must be bracketed)."""
+    from prefect_conductor.conductor.data.datasets import Example
+
+    return [
+        Example(id=r["id"], question=r["question"], reference=r["reference"], kind="math",
+                meta=r["meta"])  # fmt: skip
+        for r in curriculum_rows(seed)
+        if r["split"] == split
+    ]

@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 Kind = Literal["math", "mc", "code", "text"]
-BUILTIN_DATASETS = ("arithmetic", "mixed", "humaneval")
+BUILTIN_DATASETS = ("arithmetic", "mixed", "humaneval", "words")
 ARITHMETIC_SIZES = {"test": 200, "train": 1000}
 MIXED_SIZES = {"test": 200, "train": 800}
 MIXED_DOMAINS = ("arithmetic", "program", "knowledge", "word")
@@ -127,6 +127,10 @@ def load_dataset(
         examples = _mixed(split, seed)
     elif name_or_path == "humaneval":
         examples = _humaneval(split)
+    elif name_or_path == "words":
+        from prefect_conductor.conductor.data.curriculum import curriculum_examples
+
+        examples = curriculum_examples(split, seed)
     else:
         path = Path(name_or_path)
         if not path.is_file():

@@ -173,6 +173,10 @@ class EvalRequest(BaseModel):
     mlflow_tags: dict[str, str] = Field(
         default_factory=dict, description="Extra MLflow run tags (e.g. mlflow.parentRunId)."
     )
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra tags of every stored run (a training's train_run, train_stage).",
+    )
     run_name: str | None = Field(default=None, description="MLflow run name; default the strategy.")
     fan_out: bool = Field(
         default=False,

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from prefect_conductor.conductor.plan.requests import OrchestrateRequest
+from prefect_conductor.conductor.training.ledger import LedgerEntry
+from prefect_conductor.conductor.training.recipe import GrpoStage, Recipe, SftSettings
 from prefect_conductor.conductor.training.rewards import Rollout
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LORA_TARGETS",
     "TrainConductorRequest",
-    "StageScore",
+    "StageReport",
     "TrainConductorResult",
     "grpo_config",
     "load_trainable_base",
@@ -48,134 +50,57 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 class TrainConductorRequest(BaseModel):
-    """``conductor train-conductor``: warm start (optional), GRPO, evaluation, registry."""
+    """``conductor train-conductor``: a recipe (``conductor.training.recipe``) on a pool.
+
+    ``recipe`` is a recipe object, or a built-in name or YAML file (loaded as it is; the CLI
+    applies ``--set`` first), so a deployment's parameters can say ``recipe: default``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = Field(default="arithmetic", description="Training questions (name or file).")
-    split: str = Field(default="train", description="Split the rollouts are drawn from.")
-    limit: int | None = Field(default=None, ge=1, description="First N training questions.")
-    eval_split: str = Field(default="test", description="Held-out split: before/after eval.")
-    eval_limit: int | None = Field(
-        default=50, ge=1, description="Held-out questions evaluated before and after."
-    )
-    eval_before: bool = Field(default=True, description="Evaluate the starting conductor.")
-    eval_concurrency: int = Field(default=16, ge=1, le=64, description="Eval questions at once.")
+    recipe: Recipe = Field(description="The stages: a built-in name, a YAML file or a mapping.")
     pool: str | None = Field(default=None, description="Pool YAML; empty for the local pool.")
-    base: str = Field(
-        default="smollm2-135m-instruct",
-        description="Local model the adapter trains on: smollm2-135m-instruct or an HF dir.",
-    )
-    init_adapter: str | None = Field(
-        default=None, description="Continue from this conductor (directory or models:/…)."
-    )
-    prompt: Literal["full", "compact"] = Field(
-        default="compact", description="Prompt style trained with and served with."
-    )
-    warm_start: bool = Field(default=True, description="SFT on verified-correct runs first.")
-    warm_start_examples: int = Field(
-        default=160,
-        ge=1,
-        description="At most this many verified-correct plans (a seeded draw, balanced over "
-        "the workers the plans use).",
-    )
-    collect_limit: int = Field(
-        default=100,
-        ge=0,
-        description="When the store holds no verified-correct run for the warm start: first "
-        "run each single worker on this many training questions (0: never collect).",
-    )
-    warm_start_epochs: float = Field(default=2.0, gt=0, description="SFT epochs.")
-    warm_start_lr: float = Field(default=1e-3, gt=0, description="SFT learning rate.")
-    warm_start_batch_size: int = Field(default=4, ge=1, description="SFT examples per step.")
-    self_sample_rounds: int = Field(
-        default=1,
-        ge=0,
-        description="Rounds of verified self-sampling after the warm start: the conductor "
-        "samples plans at `temperature` on fresh training questions, every plan runs and is "
-        "verified, and the SFT is redone on the store's verified-correct plans.",
-    )
-    self_sample_questions: int = Field(
-        default=100, ge=1, description="Training questions per self-sampling round."
-    )
-    self_sample_k: int = Field(default=4, ge=1, le=16, description="Plans sampled per question.")
-    self_sample_temperature: float | None = Field(
-        default=None,
-        gt=0,
-        description="Sampling temperature of the self-sampling rounds (None: `temperature`, "
-        "the GRPO one). Lower keeps more plans right once the conductor is partly trained.",
-    )
-    self_sample_hints: str | None = Field(
-        default=None,
-        description="Worked examples the conductor reads while it self-samples, never in a "
-        "training prompt: a YAML file or a built-in name (word-problems); see "
-        "conductor/training/hints.py.",
-    )
-    eval_stages: bool = Field(
+    promote: bool = Field(default=True, description="Promote to champion if it beats it.")
+    restart: bool = Field(
         default=False,
-        description="Also evaluate every intermediate conductor (warm start, each round) on "
-        "the held-out questions, to see which stage mattered.",
+        description="Start over even if a killed training of the same recipe can resume.",
     )
-    max_steps: int = Field(default=24, ge=0, description="GRPO steps (0: no GRPO stage).")
-    num_generations: int = Field(default=4, ge=2, description="Rollouts per question (G).")
-    batch_size: int = Field(
-        default=4, ge=2, description="Rollouts per step (a multiple of num_generations)."
-    )
-    max_completion_length: int = Field(
-        default=192,
-        ge=16,
-        description="Plan tokens at most (a program copied into a subtask needs ~120).",
-    )
-    learning_rate: float = Field(default=5e-5, gt=0, description="GRPO learning rate.")
-    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (paper).")
-    beta: float = Field(default=0.0, ge=0, description="KL coefficient (paper: 0).")
-    loss_type: str = Field(default="grpo", description="TRL loss_type: grpo, dapo, dr_grpo, …")
-    lr_scheduler_type: str = Field(default="cosine", description="Paper: cosine.")
-    lora_r: int = Field(default=16, ge=1, description="LoRA rank.")
-    lora_alpha: int = Field(default=32, ge=1, description="LoRA alpha.")
-    token_penalty_weight: float = Field(
-        default=0.0, ge=0, description="Weight of minus tokens/1k spent by the executed plan."
-    )
-    orchrm_weight: float = Field(
-        default=0.0, ge=0, description="Weight of the OrchRM score of each plan (0: unused)."
-    )
-    orchrm: str | None = Field(
-        default=None,
-        description="The OrchRM of orchrm_weight: a directory or models:/orchrm@champion "
-        "(the default).",
-    )
-    rollout_concurrency: int = Field(default=16, ge=1, le=64, description="Rollouts at once.")
     fan_out: bool = Field(
         default=False,
-        description="Execute every plan (self-sampling, GRPO rollouts, evals) on the fleet: "
+        description="Execute every plan (sampling, GRPO rollouts, evals) on the fleet: "
         "background task runs that any `conductor serve` on any host answers (needs a "
         "Prefect server and shared result storage, as `conductor eval --fan-out`).",
     )
-    seed: int = Field(default=0, description="Seed of data order, sampling and the dataset.")
+    eval_concurrency: int = Field(default=16, ge=1, le=64, description="Eval questions at once.")
+    rollout_concurrency: int = Field(default=16, ge=1, le=64, description="Plans run at once.")
     output_dir: str | None = Field(
         default=None, description="Where adapters go; default $CONDUCTOR_HOME/training/<run>."
     )
-    promote: bool = Field(default=True, description="Promote to champion if it beats it.")
 
-    @field_validator("batch_size")
+    @field_validator("recipe", mode="before")
     @classmethod
-    def _multiple(cls, v: int, info: Any) -> int:
-        g = info.data.get("num_generations", 4)
-        if v % g:
-            raise ValueError(f"batch_size ({v}) must be a multiple of num_generations ({g})")
+    def _named(cls, v: Any) -> Any:
+        if isinstance(v, (str, Path)):
+            from prefect_conductor.conductor.training.recipe import load_recipe
+
+            return load_recipe(v)
         return v
 
 
-class StageScore(BaseModel):
-    """One stage's conductor on the held-out questions."""
+class StageReport(BaseModel):
+    """What one stage did: questions, plans executed and right, SFT examples, its score."""
 
     model_config = ConfigDict(frozen=True)
 
     stage: str
-    examples: int | None = Field(default=None, description="SFT examples of this stage.")
-    rollouts: int | None = Field(default=None, description="Plans executed by this stage.")
+    kind: str
+    questions: int | None = None
+    rollouts: int | None = Field(default=None, description="Plans executed.")
+    right: int | None = Field(default=None, description="Executed plans verified correct.")
+    examples: int | None = Field(default=None, description="SFT examples.")
+    steps: int | None = Field(default=None, description="Trainer steps.")
     accuracy: float | None = None
     format_valid: float | None = None
+    adapter: str | None = Field(default=None, description="The adapter the stage wrote.")
 
 
 class TrainConductorResult(BaseModel):
@@ -184,15 +109,12 @@ class TrainConductorResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     run_id: str = Field(description="The MLflow run of the training.")
-    steps: int
-    wall_s: float
-    warm_start_examples: int | None
-    reward_first: float | None
-    reward_last: float | None
-    format_valid_before: float | None
-    format_valid_after: float | None
+    recipe: str
+    wall_s: float = Field(description="This command's wall time (a resumed one: since resuming).")
     accuracy_before: float | None
     accuracy_after: float | None
+    format_valid_before: float | None
+    format_valid_after: float | None
     adapter_uri: str
     adapter_dir: str
     model_version: str | None
@@ -206,9 +128,12 @@ class TrainConductorResult(BaseModel):
         default=None, description="What the 'before' accuracy measured."
     )
     started_from: str | None = Field(default=None, description="What training started from.")
-    stages: list[StageScore] = Field(
-        default_factory=list,
-        description="Each stage's conductor on the held-out questions (with eval_stages).",
+    resumed_at: str | None = Field(
+        default=None, description="The stage a killed training resumed at (None: a new one)."
+    )
+    stages: list[StageReport] = Field(default_factory=list)
+    ledger: list[LedgerEntry] = Field(
+        default_factory=list, description="What each stage spent (issue #40), then 'total'."
     )
 
 
@@ -218,19 +143,19 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def lora_config(request: TrainConductorRequest) -> Any:
+def lora_config(recipe: Recipe) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
-        r=request.lora_r,
-        lora_alpha=request.lora_alpha,
+        r=recipe.lora_r,
+        lora_alpha=recipe.lora_alpha,
         lora_dropout=0.0,
         target_modules=list(LORA_TARGETS),
         task_type="CAUSAL_LM",
     )
 
 
-def _common(request: TrainConductorRequest, output_dir: Path, run_name: str) -> dict[str, Any]:
+def _common(seed: int, output_dir: Path, run_name: str, scheduler: str) -> dict[str, Any]:
     gpu = on_gpu()
     return {
         "output_dir": str(output_dir),
@@ -238,27 +163,27 @@ def _common(request: TrainConductorRequest, output_dir: Path, run_name: str) -> 
         "report_to": ["mlflow"],
         "logging_steps": 1,
         "save_strategy": "no",
-        "seed": request.seed,
+        "seed": seed,
         # CPU: fp32 and no checkpointing (TRL on CPU); GPU: bf16.
         "use_cpu": not gpu,
         "bf16": gpu,
         "gradient_checkpointing": False,
-        "lr_scheduler_type": request.lr_scheduler_type,
+        "lr_scheduler_type": scheduler,
         "dataloader_num_workers": 0,
     }
 
 
 def sft_config(
-    request: TrainConductorRequest, output_dir: Path, examples: int, stage: str = "warm-start"
+    settings: SftSettings, seed: int, output_dir: Path, examples: int, stage: str = "warm-start"
 ) -> Any:
     from trl import SFTConfig
 
-    batch = min(request.warm_start_batch_size, max(1, examples))
+    batch = min(settings.per_device_train_batch_size, max(1, examples))
     return SFTConfig(
-        **_common(request, output_dir, stage),
-        num_train_epochs=request.warm_start_epochs,
+        **_common(seed, output_dir, stage, "cosine"),
+        num_train_epochs=settings.num_train_epochs,
         per_device_train_batch_size=batch,
-        learning_rate=request.warm_start_lr,
+        learning_rate=settings.learning_rate,
         warmup_steps=2,
         max_length=1024,
         completion_only_loss=True,
@@ -266,20 +191,20 @@ def sft_config(
 
 
 def grpo_config(
-    request: TrainConductorRequest, output_dir: Path, reward_weights: list[float]
+    stage: GrpoStage, seed: int, output_dir: Path, reward_weights: list[float]
 ) -> Any:
     from trl import GRPOConfig
 
     return GRPOConfig(
-        **_common(request, output_dir, "grpo"),
-        max_steps=request.max_steps,
-        per_device_train_batch_size=request.batch_size,
-        num_generations=request.num_generations,
-        max_completion_length=request.max_completion_length,
-        learning_rate=request.learning_rate,
-        temperature=request.temperature,
-        beta=request.beta,
-        loss_type=request.loss_type,
+        **_common(seed, output_dir, stage.name, stage.lr_scheduler_type),
+        max_steps=stage.max_steps,
+        per_device_train_batch_size=stage.per_device_train_batch_size,
+        num_generations=stage.num_generations,
+        max_completion_length=stage.max_completion_length,
+        learning_rate=stage.learning_rate,
+        temperature=stage.temperature,
+        beta=stage.beta,
+        loss_type=stage.loss_type,
         reward_weights=reward_weights,
         num_iterations=1,
         shuffle_dataset=True,
@@ -307,27 +232,32 @@ def should_promote(candidate: float, champion: float | None) -> bool:
 
 
 def rollout_request(
-    request: TrainConductorRequest, item: Example | Rollout, tags: dict[str, str], **fields: Any
+    pool: str | None,
+    item: Example | Rollout,
+    tags: dict[str, str],
+    dataset: str,
+    split: str,
+    **fields: Any,
 ) -> OrchestrateRequest:
     """The ``orchestrate`` request of one plan run during training: ``item`` (a dataset
-    question, or a sampled rollout with its plan) on the training pool, tagged with ``tags``
-    and the dataset and split it was drawn from; ``fields`` set the rest (``plan_text``,
-    ``conductor``, ``seed``, ...). An invalid plan is an error, never a fallback: it scores 0
-    and nothing runs.
+    question, or a sampled rollout with its plan) on the training ``pool``, tagged with
+    ``tags`` and the dataset and split it was drawn from; ``fields`` set the rest
+    (``plan_text``, ``conductor``, ``seed``, ...). An invalid plan is an error, never a
+    fallback: it scores 0 and nothing runs.
 
     >>> rollout = Rollout("What is 2 + 3?", "q1", "5", "math", "plan text")
-    >>> r = rollout_request(TrainConductorRequest(), rollout, {"rollout": "0"}, plan_text="p")
+    >>> r = rollout_request(None, rollout, {"rollout": "0"}, "mixed", "train", plan_text="p")
     >>> r.question_id, r.plan_text, r.on_invalid_plan, r.tags["split"]
     ('q1', 'p', 'error', 'train')
     """
     return OrchestrateRequest(
         question=item.question,
-        pool=request.pool,
+        pool=pool,
         question_id=item.question_id if isinstance(item, Rollout) else item.id,
         reference=item.reference,
         kind=item.kind,  # type: ignore[arg-type]  # a rollout's kind is a plain str
         meta=item.meta,
-        on_invalid_plan="error",
-        tags={**tags, "dataset": request.dataset, "split": request.split},
+        on_invalid_plan=fields.pop("on_invalid_plan", "error"),
+        tags={**tags, "dataset": dataset, "split": split},
         **fields,
     )

@@ -30,7 +30,7 @@ from prefect_conductor.cli.common import (
     load_pool_option,
 )
 from prefect_conductor.cli.help import ConductorCommand, ConductorGroup
-from prefect_conductor.cli.train import train_conductor_cmd, train_rm_cmd
+from prefect_conductor.cli.train import recipes_cmd, train_conductor_cmd, train_rm_cmd
 from prefect_conductor.conductor.errors import ConductorError, PlanError
 from prefect_conductor.conductor.question import check_question
 from prefect_conductor.conductor.terminal import TerminalFormatter, for_terminal
@@ -419,6 +419,7 @@ def validate(
 # The training commands live in prefect_conductor/cli/train.py.
 app.command("train-conductor", cls=ConductorCommand)(train_conductor_cmd)
 app.command("train-rm", cls=ConductorCommand)(train_rm_cmd)
+app.command("recipes", cls=ConductorCommand)(recipes_cmd)
 
 
 @artifacts_app.callback()

@@ -19,162 +19,192 @@ from prefect_conductor.cli.common import (
     build_request,
     call_long_flow,
     check_fan_out,
+    fail,
     load_pool_option,
 )
 
-__all__ = ["train_conductor_cmd", "train_rm_cmd"]
+__all__ = ["recipes_cmd", "train_conductor_cmd", "train_rm_cmd"]
 
 
 def train_conductor_cmd(
+    recipe: Annotated[
+        str,
+        typer.Option(
+            help="Training recipe: a built-in name (`conductor recipes` lists them) or a YAML "
+            "file."
+        ),
+    ] = "default",
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--set",
+            help="Override a recipe setting, KEY=VALUE (repeatable): e.g. "
+            "stages.grpo.max_steps=0, heldout.limit=100 (a stage by name or index).",
+        ),
+    ] = None,
     dataset: Annotated[
-        str, typer.Option(help="Training questions: arithmetic, mixed, or a JSONL/Parquet/CSV file")
-    ] = "arithmetic",
-    max_steps: Annotated[int, typer.Option(help="GRPO steps (0: no GRPO stage).")] = 24,
-    num_generations: Annotated[int, typer.Option(help="Rollouts per question (G).")] = 4,
-    batch_size: Annotated[int, typer.Option(help="Rollouts per GRPO step.")] = 4,
-    max_completion_length: Annotated[int, typer.Option(help="Plan tokens at most.")] = 192,
-    learning_rate: Annotated[float, typer.Option(help="GRPO learning rate.")] = 5e-5,
-    loss_type: Annotated[str, typer.Option(help="TRL loss_type.")] = "grpo",
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Training questions: arithmetic, mixed, words, or a JSONL/Parquet/CSV "
+        "file (default: the recipe's)."),
+    ] = None,
+    eval_limit: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Held-out questions of the evals (default: the recipe's)."),
+    ] = None,
     base: Annotated[
-        str, typer.Option(help="Base model: smollm2-135m-instruct or an HF model directory.")
-    ] = "smollm2-135m-instruct",
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Base model: smollm2-135m-instruct or an HF model directory."),
+    ] = None,
     init_adapter: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
-            help="Continue from a conductor (adapter directory, models:/…, embedded or "
-            "champion): the warm start, self-sampling and GRPO go on training it."
+            help="Start from a conductor (adapter directory, models:/…, embedded or champion) "
+            "instead of a new LoRA."
         ),
     ] = None,
-    warm_start: Annotated[
+    seed: Annotated[Optional[int], typer.Option(help="Seed (default: the recipe's).")] = None,  # noqa: UP045
+    restart: Annotated[
         bool,
         typer.Option(
-            "--warm-start/--no-warm-start",
-            help="SFT on verified-correct runs of the store first (off: self-sampling and "
-            "GRPO start from --init-adapter as it is).",
-        ),
-    ] = True,
-    warm_start_epochs: Annotated[float, typer.Option(help="Warm-start epochs.")] = 2.0,
-    warm_start_examples: Annotated[
-        int, typer.Option(help="Warm-start plans at most (balanced over workers).")
-    ] = 160,
-    self_sample_rounds: Annotated[
-        int,
-        typer.Option(
-            help="Rounds of verified self-sampling after the warm start (the conductor's own "
-            "verified-correct plans join the SFT data; 0: none)."
-        ),
-    ] = 1,
-    self_sample_questions: Annotated[
-        int, typer.Option(help="Fresh training questions per self-sampling round.")
-    ] = 100,
-    self_sample_k: Annotated[int, typer.Option(help="Plans sampled per question.")] = 4,
-    self_sample_temperature: Annotated[
-        float | None,
-        typer.Option(help="Self-sampling temperature (default: the GRPO temperature, 1.0)."),
-    ] = None,
-    self_sample_hints: Annotated[
-        str | None,
-        typer.Option(
-            help="Worked examples the conductor reads while it self-samples only: a YAML file "
-            "or a built-in name (word-problems)."
-        ),
-    ] = None,
-    eval_stages: Annotated[
-        bool,
-        typer.Option(
-            "--eval-stages", help="Evaluate every intermediate conductor on the held-out split."
+            "--restart", help="Start over even if a killed training of this recipe can resume."
         ),
     ] = False,
-    collect_limit: Annotated[
-        int,
-        typer.Option(
-            help="With no verified-correct run in the store: each single worker first answers "
-            "this many training questions (0: never)."
-        ),
-    ] = 100,
-    limit: Annotated[Optional[int], typer.Option(help="First N training questions.")] = None,  # noqa: UP045
-    eval_limit: Annotated[int, typer.Option(help="Held-out questions, before and after.")] = 50,
-    no_eval_before: Annotated[
-        bool, typer.Option("--no-eval-before", help="Skip evaluating the starting conductor.")
-    ] = False,
-    orchrm_weight: Annotated[float, typer.Option(help="Weight of the OrchRM reward.")] = 0.0,
-    orchrm: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="OrchRM of --orchrm-weight (default models:/orchrm@champion)."),
-    ] = None,
-    token_penalty: Annotated[
-        float, typer.Option(help="Weight of the token-cost penalty (tokens/1k).")
-    ] = 0.0,
     no_promote: Annotated[
         bool, typer.Option("--no-promote", help="Register as candidate only.")
     ] = False,
-    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     pool: PoolOpt = None,
     fan_out: FanOutOpt = False,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Train the conductor with GRPO (TRL + PEFT) on executed plans; register it in MLflow."""
-    from prefect_conductor.conductor.data.datasets import load_dataset
+    """Train a conductor for the pool with a recipe (TRL + PEFT); register it in MLflow.
+
+    A killed training resumes at the stage it was in when the same command runs again."""
     from prefect_conductor.conductor.training.config import (
         TrainConductorRequest,
         TrainConductorResult,
     )
 
     load_pool_option(pool)
-    load_dataset(dataset, split="train", limit=1, seed=seed)  # a bad dataset fails here
+    loaded = load_recipe_option(recipe, set_, dataset, eval_limit, base, init_adapter, seed)
     check_fan_out(fan_out)
     request = build_request(
         TrainConductorRequest,
-        dataset=dataset,
-        limit=limit,
-        eval_limit=eval_limit,
-        eval_before=not no_eval_before,
+        recipe=loaded,
         pool=str(pool) if pool else None,
-        base=base,
-        init_adapter=init_adapter,
-        warm_start=warm_start,
-        warm_start_epochs=warm_start_epochs,
-        warm_start_examples=warm_start_examples,
-        self_sample_rounds=self_sample_rounds,
-        self_sample_questions=self_sample_questions,
-        self_sample_k=self_sample_k,
-        self_sample_temperature=self_sample_temperature,
-        self_sample_hints=self_sample_hints,
-        fan_out=fan_out,
-        eval_stages=eval_stages,
-        collect_limit=collect_limit,
-        max_steps=max_steps,
-        num_generations=num_generations,
-        batch_size=batch_size,
-        max_completion_length=max_completion_length,
-        learning_rate=learning_rate,
-        loss_type=loss_type,
-        orchrm_weight=orchrm_weight,
-        orchrm=orchrm,
-        token_penalty_weight=token_penalty,
         promote=not no_promote,
-        seed=seed,
+        restart=restart,
+        fan_out=fan_out,
     )
-    if self_sample_hints:
-        from prefect_conductor.conductor.pool import load_pool
-        from prefect_conductor.conductor.training.hints import load_hint
-
-        load_hint(self_sample_hints, load_pool(request.pool))  # a bad file: one line, now
-    if orchrm_weight:
-        from prefect_conductor.reward_model.model import CHAMPION, load_reward_model
-        from prefect_conductor.tasks.registry import download_registered
-
-        # A missing reward model fails here, in one line.
-        load_reward_model(orchrm or CHAMPION, download_registered)
     from prefect_conductor.flows.train_conductor import train_conductor
 
     result = call_long_flow(train_conductor, request, TrainConductorResult, "training")
     if as_json:
         print(result.model_dump_json(exclude={"adapter_dir", "model_version"}))
         return
-    for key, value in result.model_dump().items():
-        print(f"{key:<22} {value}")
+    print_training(result)
+
+
+def load_recipe_option(
+    recipe: str,
+    overrides: list[str] | None,
+    dataset: str | None = None,
+    eval_limit: int | None = None,
+    base: str | None = None,
+    init_adapter: str | None = None,
+    seed: int | None = None,
+):
+    """The recipe with the common options and ``--set`` applied, checked before anything
+    runs: a bad recipe, data set, hint file or reward model is one line (exit 2)."""
+    from prefect_conductor.conductor.data.datasets import load_dataset
+    from prefect_conductor.conductor.errors import ConductorError
+    from prefect_conductor.conductor.training.recipe import GrpoStage, SelfSampleStage, load_recipe
+
+    common = {
+        "dataset": dataset,
+        "heldout.limit": eval_limit,
+        "base": base,
+        "init_adapter": init_adapter,
+        "seed": seed,
+    }
+    sets = [f"{k}={v}" for k, v in common.items() if v is not None] + list(overrides or [])
+    try:
+        loaded = load_recipe(recipe, sets)
+        load_dataset(loaded.dataset, split="train", limit=1, seed=loaded.seed)
+        for stage in loaded.stages:
+            if isinstance(stage, SelfSampleStage) and stage.hints:
+                from prefect_conductor.conductor.pool import load_pool
+                from prefect_conductor.conductor.training.hints import load_hint
+
+                load_hint(stage.hints, load_pool(None))
+            if isinstance(stage, GrpoStage) and stage.max_steps and stage.reward_weights.get(
+                "orchrm"
+            ):
+                from prefect_conductor.reward_model.model import CHAMPION, load_reward_model
+                from prefect_conductor.tasks.registry import download_registered
+
+                load_reward_model(stage.orchrm or CHAMPION, download_registered)
+    except ConductorError as exc:
+        fail(str(exc))
+    return loaded
+
+
+def print_training(result) -> None:
+    """The result as a person reads it: the before/after line, each stage, the ledger."""
+    from prefect_conductor.conductor.terminal import for_terminal
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    print(
+        f"recipe {for_terminal(result.recipe)}: accuracy {pct(result.accuracy_before)} -> "
+        f"{pct(result.accuracy_after)}, valid plans {pct(result.format_valid_before)} -> "
+        f"{pct(result.format_valid_after)}"
+    )
+    print(
+        f"conductor {result.adapter_uri}{' (promoted to champion)' if result.promoted else ''}"
+        f"; MLflow run {result.run_id}; {result.wall_s / 60:.1f} min"
+        + (f" (resumed at {result.resumed_at})" if result.resumed_at else "")
+    )
+    print()
+    print(f"{'stage':<16} {'kind':<12} {'questions':>9} {'plans':>6} {'right':>6} "
+          f"{'examples':>8} {'accuracy':>8}")  # fmt: skip
+    for r in result.stages:
+        cells = [r.questions, r.rollouts, r.right, r.examples]
+        q, n, k, e = ("-" if c is None else str(c) for c in cells)
+        print(f"{for_terminal(r.stage):<16} {r.kind:<12} {q:>9} {n:>6} {k:>6} {e:>8} "
+              f"{pct(r.accuracy):>8}")  # fmt: skip
+    print()
+    print(f"{'ledger':<16} {'worker calls':>12} {'tokens in':>10} {'tokens out':>10} "
+          f"{'cost $':>8} {'plans written':>13} {'wall s':>8}")  # fmt: skip
+    for e in result.ledger:
+        print(f"{for_terminal(e.stage):<16} {e.worker_calls:>12} {e.input_tokens:>10} "
+              f"{e.output_tokens:>10} {e.cost_usd:>8.4f} {e.conductor_generations:>13} "
+              f"{e.wall_s:>8.1f}")  # fmt: skip
+
+
+def recipes_cmd(
+    name: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="Print this recipe as it runs (a built-in name or a YAML file)."),
+    ] = None,
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="Override a setting, KEY=VALUE (repeatable)."),
+    ] = None,
+) -> None:
+    """List the built-in training recipes, or print one (with --set applied)."""
+    from prefect_conductor.conductor.errors import ConductorError
+    from prefect_conductor.conductor.training.recipe import list_recipes, load_recipe
+
+    if name is None:
+        for key, line in list_recipes().items():
+            print(f"{key:<10} {line}")
+        return
+    try:
+        print(load_recipe(name, list(set_ or [])).to_yaml(), end="")
+    except ConductorError as exc:
+        fail(str(exc))
 
 
 def train_rm_cmd(

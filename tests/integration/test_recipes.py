@@ -1,0 +1,135 @@
+"""Training recipes end to end on the CPU (issue #40): a tiny random base, fake workers.
+
+- a recipe with a stage of every kind (eval, collect, sft, self-sample, grpo) runs, each
+  stage's runs are tagged with the training and the stage, and the ledger's worker calls add
+  up to the rows of the ``steps`` table of a fresh store;
+- a recipe killed in its middle stage resumes there: finished stages are not run again, the
+  MLflow run goes on;
+- the ledger is an MLflow metric per stage and a Prefect table artifact.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from prefect_conductor.conductor.data.store import ArtifactStore
+from prefect_conductor.conductor.providers.local_model import LocalModelRegistry, register
+from prefect_conductor.conductor.training.config import TrainConductorRequest
+from prefect_conductor.conductor.training.recipe import recipe_from_dict
+
+from prefect_conductor.testing.fakes import ANSWERS
+
+pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
+
+QUESTIONS = {
+    "What is 2 + 3?": "5",
+    "What is 10 - 4?": "6",
+    "What is 7 * 6?": "42",
+    "What is 9 + 9?": "18",
+    "What is 8 - 1?": "7",
+}
+HELD_OUT = {"What is 3 + 4?": "7", "What is 6 * 2?": "12"}
+
+
+@pytest.fixture()
+def setup(tmp_path, monkeypatch, tiny_base):
+    home = tmp_path / "home"
+    monkeypatch.setenv("CONDUCTOR_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
+    data = tmp_path / "mini.jsonl"
+    rows = [
+        {"id": f"{split}-q{i}", "question": q, "reference": a, "kind": "math", "split": split,
+         "meta": {"level": 1 + i % 2}}
+        for split, questions in (("train", QUESTIONS), ("test", HELD_OUT))
+        for i, (q, a) in enumerate(questions.items())
+    ]  # fmt: skip
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    ANSWERS.clear()
+    ANSWERS.update({q: f"The answer is {a}." for q, a in {**QUESTIONS, **HELD_OUT}.items()})
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        yaml.safe_dump(
+            {
+                "conductor": {
+                    "model": f"local/{tiny_base}",
+                    "params": {"temperature": 0.0, "max_tokens": 16},
+                },
+                "workers": [
+                    {"name": "oracle", "model": "fake/lookup", "description": "Knows answers."},
+                    {"name": "echo", "model": "fake/echo", "description": "Repeats."},
+                ],
+            }
+        )
+    )
+    register()
+    yield data, pool, home
+    LocalModelRegistry.remove(str(tiny_base))
+
+
+def tiny_recipe(data, tiny_base, **changes) -> dict:
+    """A recipe with one stage of every kind, sized for a tiny model on the CPU."""
+    recipe = {
+        "name": "tiny",
+        "dataset": str(data),
+        "base": str(tiny_base),
+        "heldout": {"split": "test", "limit": 2},
+        "stages": [
+            {"kind": "eval", "name": "before", "conductor": "start"},
+            {"kind": "collect", "name": "collect", "questions": {"limit": 2}},
+            {"kind": "sft", "name": "warm-start", "num_train_epochs": 1},
+            {"kind": "self-sample", "name": "round", "questions": {"limit": 2},
+             "num_generations": 2, "sft": {"init": "previous", "num_train_epochs": 1}},
+            {"kind": "grpo", "name": "grpo", "max_steps": 1, "num_generations": 2,
+             "per_device_train_batch_size": 2, "max_completion_length": 16,
+             "questions": {"limit": 2, "fresh": False}},
+            {"kind": "eval", "name": "after"},
+        ],
+    }  # fmt: skip
+    recipe.update(changes)
+    return recipe
+
+
+def _request(data, pool, tiny_base, **changes) -> TrainConductorRequest:
+    return TrainConductorRequest(
+        recipe=recipe_from_dict(tiny_recipe(data, tiny_base, **changes)),
+        pool=str(pool),
+        eval_concurrency=2,
+        rollout_concurrency=4,
+    )
+
+
+def test_a_recipe_of_every_stage_kind_runs_and_its_ledger_adds_up(setup, tiny_base):
+    from prefect_conductor.flows.train_conductor import train_conductor
+
+    data, pool, _ = setup
+    result = train_conductor(_request(data, pool, tiny_base))
+    assert [s.stage for s in result.stages] == [
+        "before", "collect", "warm-start", "round", "grpo", "after"
+    ]  # fmt: skip
+    by = {s.stage: s for s in result.stages}
+    assert by["collect"].rollouts == 4  # 2 questions x 2 workers
+    assert by["round"].rollouts == 4  # 2 fresh questions x 2 plans
+    assert by["grpo"].steps == 1 and by["grpo"].rollouts == 2
+    runs = ArtifactStore().read_pandas("runs")
+    steps = ArtifactStore().read_pandas("steps")
+    tags = [dict(t) for t in runs["tags"]]
+    assert {t["train_run"] for t in tags} == {result.run_id}
+    # the self-sampled questions are not the collected ones: rounds walk through the split
+    stage_q = {
+        s: {r.question_id for r, t in zip(runs.itertuples(), tags, strict=True)
+            if t["train_stage"] == s}
+        for s in ("collect", "round")
+    }  # fmt: skip
+    assert stage_q["collect"].isdisjoint(stage_q["round"])
+    ledger = {e.stage: e for e in result.ledger}
+    stages = [e for e in result.ledger if e.stage != "total"]
+    called = int((steps["status"] != "skipped").sum())
+    assert sum(e.worker_calls for e in stages) == ledger["total"].worker_calls == called
+    assert ledger["total"].input_tokens == int(steps["input_tokens"].fillna(0).sum())
+    assert ledger["collect"].conductor_generations == 0  # single workers: no plan written
+    assert ledger["round"].conductor_generations == 4
+    assert ledger["warm-start"].worker_calls == 0
+    assert ledger["collect"].worker_calls == 4
