@@ -17,10 +17,17 @@ then reads every eval's per-question rows back from the Parquet runs table (by `
 - valid plans, and the goals table (measured, goal, met).
 
     python -m benchmarks.conductor_goals [--limit 200] [--arith-limit 200]
-        [--conductor champion] [--train-result result.json] [--json]
+        [--conductor champion] [--recipe NAME|FILE [--set KEY=VALUE ...]]
+        [--train-result result.json] [--json]
 
-``--train-result`` takes the ``--json`` output of the ``conductor train-conductor`` run that
-made the conductor, for the cost row (wall time ≤ 90 min, rollouts/s). Evals go to
+``--recipe`` trains first, in this invocation and this home: ``conductor train-conductor
+--recipe NAME|FILE --set … --no-promote --json`` (a built-in such as ``shipped``, the recipe
+of the embedded conductor, or a file), timed as one command, and then measures the conductor
+that training registered instead of ``--conductor``. ``--train-result`` reads the ``--json``
+output of a training run earlier instead. Either gives the cost rows (issue #40): the
+command's wall time against ``--train-goal-min`` (120: the shipped recipe's goal), the
+ledger's total worker calls, tokens and cost, and, for a training of this invocation, whether
+the ledger's worker calls equal the ``steps`` table's rows of its runs. Evals go to
 ``$CONDUCTOR_HOME``, as for ``conductor eval``.
 """
 
@@ -36,6 +43,7 @@ from typing import Any
 
 from prefect_conductor.conductor.data.datasets import MIXED_DOMAINS, load_dataset
 
+from benchmarks._training import ledger_total, run_training, steps_worker_calls
 from benchmarks.mixed_baselines import WORKERS, eval_rows, run_eval, table, tabulate
 
 # The worker each domain's questions should go to (no entry: no single worker solves it).
@@ -107,7 +115,12 @@ def measure(dataset: str, limit: int, args: argparse.Namespace) -> dict[str, Any
     }
 
 
-def goals(m: dict[str, Any], a: dict[str, Any], train: dict[str, Any] | None) -> list[dict]:
+def goals(
+    m: dict[str, Any],
+    a: dict[str, Any],
+    train: dict[str, Any] | None,
+    train_goal_min: float = 120,
+) -> list[dict]:
     def row(measure: str, value: float | None, goal: str, met: bool | None) -> dict:
         return {"measure": measure, "value": value, "goal": goal, "met": met}
 
@@ -135,13 +148,58 @@ def goals(m: dict[str, Any], a: dict[str, Any], train: dict[str, Any] | None) ->
             (a["word_accuracy"] or 0) >= 0.5),
     ]  # fmt: skip
     if train is not None:
-        minutes = train["wall_s"] / 60
-        out.append(row("train-conductor --dataset mixed (min)", minutes, "<= 90", minutes <= 90))
+        out += _cost(train, train_goal_min, row)
     return out
 
 
-def _pct(v: Any) -> str:
-    return "–" if v is None else (f"{v:.1%}" if isinstance(v, float) and v <= 1.5 else f"{v:.1f}")
+def _cost(train: dict[str, Any], goal_min: float, row: Any) -> list[dict]:
+    """The training's cost rows: its wall time (the whole command when this invocation ran
+    it) and its ledger (issue #40)."""
+    minutes = train.get("command_wall_s", train["wall_s"]) / 60
+    recipe = train.get("recipe", "?")
+    out = [
+        row(f"train-conductor --recipe {recipe} (min)", minutes, f"<= {goal_min:g}",
+            minutes <= goal_min),
+    ]  # fmt: skip
+    total = ledger_total(train)
+    if total is None:
+        return out
+    out += [
+        row("training worker calls (ledger total)", total["worker_calls"], "reported", None),
+        row("training tokens in + out (ledger total)",
+            total["input_tokens"] + total["output_tokens"], "reported", None),
+        row("training cost USD (ledger total)", total["cost_usd"], "reported", None),
+    ]  # fmt: skip
+    if "steps_worker_calls" in train:
+        calls = train["steps_worker_calls"]
+        out.append(
+            row("ledger worker calls = steps table rows", calls,
+                f"= {total['worker_calls']}", calls == total["worker_calls"])
+        )  # fmt: skip
+    return out
+
+
+def _value(goal: dict[str, Any]) -> str:
+    """A goal's measured value as read: a share as a percentage, minutes, counts, dollars."""
+    v, measure = goal["value"], goal["measure"]
+    if v is None:
+        return "–"
+    if isinstance(v, int):
+        return str(v)
+    if "USD" in measure:
+        return f"{v:.4f}"
+    return f"{v:.1f}" if measure.endswith("(min)") or v > 1.5 else f"{v:.1%}"
+
+
+def _ledger_table(ledger: list[dict[str, Any]]) -> str:
+    cols = ("stage", "worker_calls", "input_tokens", "output_tokens", "cost_usd",
+            "conductor_generations", "wall_s")  # fmt: skip
+    lines = ["  ".join(f"{c:>21}" if i else f"{c:<16}" for i, c in enumerate(cols))]
+    for e in ledger:
+        lines.append(
+            "  ".join(f"{e.get(c)!s:>21}" if i else f"{e.get(c)!s:<16}" for i, c in enumerate(cols))
+        )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -152,18 +210,34 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", nargs="+", default=list(WORKERS))
+    ap.add_argument(
+        "--recipe", help="train first: a built-in recipe (conductor recipes) or a YAML file"
+    )
+    ap.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        help="a recipe override for --recipe (repeatable), e.g. stages.grpo.max_steps=0",
+    )  # fmt: skip
     ap.add_argument("--train-result", type=Path, help="train-conductor --json output")
+    ap.add_argument("--train-goal-min", type=float, default=120, help="training time goal")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = ap.parse_args()
+    if args.recipe and args.train_result:
+        ap.error("--recipe trains now; --train-result reads an earlier training: give one")
+    if args.sets and not args.recipe:
+        ap.error("--set overrides a setting of --recipe")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    train = json.loads(args.train_result.read_text()) if args.train_result else None
+    if args.recipe:
+        train = run_training(args.recipe, args.sets, ("--no-promote",))
+        train["steps_worker_calls"] = steps_worker_calls(train["run_id"])
+        args.conductor = train["adapter_uri"]
     mixed = measure("mixed", args.limit, args)
     arith = measure("arithmetic", args.arith_limit, args)
-    train = json.loads(args.train_result.read_text()) if args.train_result else None
     result = {
         "conductor": args.conductor,
         "mixed": mixed,
         "arithmetic": arith,
-        "goals": goals(mixed, arith, train),
+        "goals": goals(mixed, arith, train, args.train_goal_min),
         "train": train,
     }
     if args.json:
@@ -175,10 +249,13 @@ def main() -> int:
         print("topology per domain:")
         for domain, shapes in m["topology"].items():
             print(f"  {domain:<11} " + ", ".join(f"{s} {n}" for s, n in shapes.items()))
+    if train is not None:
+        print(f"\n## training ledger (recipe {train.get('recipe', '?')})")
+        print(_ledger_table(train.get("ledger") or []))
     print("\n## goals")
     for g in result["goals"]:
         met = "–" if g["met"] is None else ("yes" if g["met"] else "NO")
-        print(f"  {g['measure']:<42} {_pct(g['value']):>8}  goal {g['goal']:<28} met: {met}")
+        print(f"  {g['measure']:<42} {_value(g):>8}  goal {g['goal']:<28} met: {met}")
     return 0
 
 

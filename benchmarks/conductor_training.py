@@ -5,13 +5,17 @@ invocation and through the same ``evaluate`` flow as ``conductor eval``:
 
 - every single worker of the pool (``single:calculator``, ``single:python``, ``single:smol``):
   the baselines the goal names;
-- the trained conductor (``--conductor``, default the adapter shipped in the package);
+- the trained conductor (``--conductor``, default the adapter shipped in the package), or,
+  with ``--recipe NAME|FILE [--set KEY=VALUE ...]``, the conductor a training of this
+  invocation registers: ``conductor train-conductor --recipe … --set … --no-promote --json``
+  runs first, timed as one command (issue #8's "the default command reaches rows 1-2");
+  its wall time and ledger total are printed with the table;
 - optionally the base conductor and ``self-consistency:smol:5`` (``--costly``, on the first
   ``--costly-limit`` questions: the base conductor writes 256 tokens per question).
 
 Rows named in ``--reuse`` are not rerun: the latest finished MLflow eval of that strategy on
-the same dataset and split is read back instead (marked ``reused``), e.g. the base conductor
-that ``train-conductor`` evaluated before training.
+the same dataset and split is read back instead (marked ``reused``), e.g. the pool's own
+conductor that a recipe's ``before`` stage (``{kind: eval, conductor: start}``) evaluated.
 
 Prints one table (accuracy overall and per level, valid plans, tokens per question, wall
 time), the goal checks, and the trained conductor's plan diversity per level (distinct
@@ -19,6 +23,7 @@ topologies and worker mixes; RL orchestrators are known to collapse onto one top
 ``--json`` prints the same as one object.
 
     python -m benchmarks.conductor_training [--limit 200] [--conductor embedded] [--json]
+    python -m benchmarks.conductor_training --recipe grpo --set dataset=arithmetic [--json]
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import sys
 import time
 from collections import Counter, defaultdict
 from typing import Any
+
+from benchmarks._training import ledger_total, run_training
 
 SINGLES = ("single:calculator", "single:python", "single:smol")
 COSTLY = ("conductor-base", "self-consistency:smol:5")
@@ -152,9 +159,30 @@ def main() -> None:
     parser.add_argument("--costly", action="store_true", help="Also the base conductor and SC.")
     parser.add_argument("--costly-limit", type=int, default=50)
     parser.add_argument("--reuse", nargs="*", default=[], help="Rows read back from MLflow.")
+    parser.add_argument(
+        "--recipe", help="Train first (a built-in recipe or a YAML file); measure its conductor."
+    )
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        help="A recipe override for --recipe (repeatable), e.g. dataset=arithmetic.",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.sets and not args.recipe:
+        parser.error("--set overrides a setting of --recipe")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    train = None
+    if args.recipe:
+        result = run_training(args.recipe, args.sets, ("--no-promote",))
+        args.conductor = result["adapter_uri"]
+        train = {
+            "recipe": result["recipe"],
+            "run_id": result["run_id"],
+            "command_wall_s": result["command_wall_s"],
+            "accuracy_before": result["accuracy_before"],
+            "accuracy_after": result["accuracy_after"],
+            "ledger_total": ledger_total(result),
+        }
 
     from prefect_conductor.runtime.server import local_run_settings
 
@@ -200,6 +228,7 @@ def main() -> None:
         "rows": rows,
         "goals": goals,
         "diversity": diversity,
+        "train": train,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     if args.json:
@@ -229,6 +258,13 @@ def main() -> None:
             cells.append("–" if v is None else str(v))
         print("| " + " | ".join(cells) + " |")
     print(f"\ngoals: {json.dumps(goals)}")
+    if train:
+        total = train["ledger_total"] or {}
+        print(
+            f"training: recipe {train['recipe']} (MLflow run {train['run_id']}), "
+            f"{train['command_wall_s'] / 60:.1f} min as one command, "
+            f"{total.get('worker_calls', '?')} worker calls, ${total.get('cost_usd', 0):.4f}"
+        )
     print("plan diversity of the trained conductor, per level:")
     for level, d in diversity.items():
         print(f"  level {level}: {d}")

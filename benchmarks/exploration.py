@@ -2,8 +2,9 @@
 
 GRPO learns only from groups whose rewards differ: a group where every plan scored the same
 has zero advantage and changes nothing. "Four rollouts of one question per step did not
-explore enough" is measured here directly, with no training: from one conductor (e.g. the
-warm-start adapter of a ``train-conductor`` run), at the same budget of executed plans,
+explore enough" is measured here directly, with no training: from one conductor
+(``--conductor``, or with ``--train`` the warm-start adapter of a training this invocation
+runs first), at the same budget of executed plans,
 
 - ``G=k``: groups of k plans per question (k in ``--groups``) on ``budget / k`` fresh
   training questions, the conductor sampled at temperature 1.0 (``conductor eval
@@ -19,12 +20,19 @@ and for each scheme it reads the runs back from the Parquet store (by ``eval_id`
   verified-correct plans found, the material of a round of verified self-sampling;
 - solved per domain, valid plans, rollouts per second.
 
-    python -m benchmarks.exploration --conductor DIR [--budget 96] [--groups 4 8 16]
-        [--offset 100] [--json]
+    python -m benchmarks.exploration (--conductor REF | --train) [--budget 96]
+        [--groups 4 8 16] [--offset 100] [--json]
 
-The questions are the ``mixed`` training split from ``--offset`` on (after those a
-``train-conductor`` collection used); every scheme's questions are a prefix of the same list,
-so its domains stay balanced. Evals go to ``$CONDUCTOR_HOME``.
+``--train`` writes a recipe of its own (no built-in stops after the warm start): a
+``collect`` stage (each single worker answers the first ``--offset`` questions of the mixed
+training split), an ``sft`` stage (``warm-start``, the built-in recipes' settings) and the
+held-out ``eval``, and runs it as ``conductor train-conductor --recipe FILE --no-promote
+--json``; the conductor it registers is the one measured.
+
+The questions are the ``mixed`` training split from ``--offset`` on (after those a recipe's
+``collect`` stage with ``questions: {limit: OFFSET}`` used: 100 in the built-in recipes);
+every scheme's questions are a prefix of the same list, so its domains stay balanced. Evals
+go to ``$CONDUCTOR_HOME``.
 """
 
 from __future__ import annotations
@@ -41,7 +49,25 @@ from typing import Any
 
 from prefect_conductor.conductor.data.datasets import load_dataset
 
+from benchmarks._training import run_training, write_recipe
 from benchmarks.mixed_baselines import run_eval
+
+
+def warm_start_recipe(offset: int, seed: int, eval_limit: int = 20) -> dict[str, Any]:
+    """The recipe ``--train`` runs: collect ``offset`` training questions, SFT on their
+    verified plans (the warm start), the held-out eval; nothing after the warm start."""
+    return {
+        "name": "exploration-warm-start",
+        "description": f"Collect {offset} mixed training questions, then a warm start (SFT).",
+        "dataset": "mixed",
+        "heldout": {"split": "test", "limit": eval_limit},
+        "seed": seed,
+        "stages": [
+            {"kind": "collect", "name": "collect", "questions": {"limit": offset}},
+            {"kind": "sft", "name": "warm-start", "num_train_epochs": 2, "max_examples": 160},
+            {"kind": "eval", "name": "after"},
+        ],
+    }
 
 
 def _questions_file(directory: Path, offset: int, n: int, seed: int) -> Path:
@@ -122,7 +148,12 @@ def scheme(group: int, questions: Path, n: int, args: argparse.Namespace) -> dic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--conductor", required=True, help="conductor ref (adapter dir, models:/…)")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--conductor", help="conductor ref (adapter dir, models:/…)")
+    which.add_argument(
+        "--train", action="store_true",
+        help="train the conductor first: a recipe of collect (--offset questions) and SFT",
+    )  # fmt: skip
     ap.add_argument("--budget", type=int, default=96, help="executed plans per scheme")
     ap.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--offset", type=int, default=100, help="first training question used")
@@ -133,6 +164,11 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     most = max(args.budget // g for g in args.groups)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.train:
+            recipe = write_recipe(
+                Path(tmp) / "warm-start.yaml", warm_start_recipe(args.offset, args.seed)
+            )
+            args.conductor = run_training(recipe, (), ("--no-promote",))["adapter_uri"]
         questions = _questions_file(Path(tmp), args.offset, most, args.seed)
         results = [scheme(g, questions, args.budget // g, args) for g in args.groups]
     if args.json:

@@ -9,9 +9,12 @@ of self-sampling could then keep. Both arms run in the same process on the same 
 
 - ``plain``: the conductor's own prompt (the pool's prompt style, as ``conductor run``);
 - ``hint``: the same prompt plus the worked examples of the built-in ``word-problems`` hint
-  file, as ``train-conductor --self-sample-hints word-problems`` samples;
+  file, as a recipe's ``self-sample`` stage with ``hints: word-problems`` samples (the
+  built-in ``shipped`` recipe's first ``words-easy`` rounds);
 - or, with ``--hint FILE`` (repeatable), one arm per hint file instead, named by its stem
   (``benchmarks/hints/shape-*.yaml``: three worked examples of one operation shape each).
+  A file that helps here is trained with the same recipe and ``--set``:
+  ``conductor train-conductor --recipe shipped --set stages.words-easy.hints=FILE``.
 
 ``--match REGEX`` keeps only the word problems whose question matches, ``--per-match`` takes
 the first N of each alternative of the regex (``"A shop sells|A farmer packs"``: N of each

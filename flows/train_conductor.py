@@ -139,6 +139,18 @@ def _run_all(
     return results
 
 
+def _logger() -> Any:
+    """The flow run's logger; the module's outside a run (a stage called directly)."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        import logging
+
+        return logging.getLogger(__name__)
+
+
 class _Training:
     """One training's state while its stages run: the recipe, the pool, the MLflow run,
     the current adapter and the questions used so far."""
@@ -208,8 +220,13 @@ class _Training:
             pool, conductor = self._teacher(stage.teacher)
             requests = [
                 rollout_request(
-                    pool, ex, {**self.tags(stage.name), "teacher": stage.teacher}, dataset,
-                    split, conductor=conductor, seed=self.recipe.seed,
+                    pool,
+                    ex,
+                    {**self.tags(stage.name), "teacher": stage.teacher},
+                    dataset,
+                    split,
+                    conductor=conductor,
+                    seed=self.recipe.seed,
                 )  # fmt: skip
                 for ex in questions
             ]
@@ -272,7 +289,7 @@ class _Training:
         )
         if not examples:
             if new_plans:  # a self-sampling round that found nothing: the adapter is kept
-                get_run_logger().info("%s: no verified plan, the adapter is kept", name)
+                _logger().info("%s: no verified plan, the adapter is kept", name)
                 return StageReport(stage=name, kind="sft", examples=0)
             raise ConductorError(
                 f"stage {name}: the artifact store holds no verified-correct run outside the "
@@ -296,7 +313,11 @@ class _Training:
             rollout_request(
                 self.request.pool,
                 ex,
-                {**self.tags(stage.name), "sample": str(k)},
+                {
+                    **self.tags(stage.name),
+                    "sample": str(k),
+                    **({"self_sample_hints": stage.hints} if stage.hints else {}),
+                },
                 dataset,
                 stage.questions.split,
                 conductor=str(self.current) if self.current else None,
@@ -310,7 +331,7 @@ class _Training:
         outcomes = [_outcome(r) for r in self._run(requests)]
         self.used.update(e.id for e in questions)
         right = sum(bool(o and o.correct) for o in outcomes)
-        get_run_logger().info("%s: %d of %d plans right", stage.name, right, len(outcomes))
+        _logger().info("%s: %d of %d plans right", stage.name, right, len(outcomes))
         trained = self.sft(stage.name, stage.sft, new_plans=True)
         return trained.model_copy(
             update={
@@ -350,8 +371,12 @@ class _Training:
                 rollout_request(
                     self.request.pool,
                     r,
-                    {**self.tags(stage.name), "train_step": str(step), "rollout": str(i),
-                     "strategy": "grpo-rollout"},
+                    {
+                        **self.tags(stage.name),
+                        "train_step": str(step),
+                        "rollout": str(i),
+                        "strategy": "grpo-rollout",
+                    },
                     dataset,
                     stage.questions.split,
                     plan_text=r.plan_text,
@@ -434,9 +459,7 @@ def _training_pool(request: TrainConductorRequest) -> Pool:
 
 
 def _digest(request: TrainConductorRequest, pool: Pool) -> str:
-    return recipe_digest(
-        request.recipe, pool=pool.public_dict(), output_dir=request.output_dir
-    )
+    return recipe_digest(request.recipe, pool=pool.public_dict(), output_dir=request.output_dir)
 
 
 def _begin(request: TrainConductorRequest, digest: str) -> tuple[Progress, str | None]:

@@ -21,11 +21,9 @@ one line; a question that runs and fails returns a result with ``status="failed"
 
 from __future__ import annotations
 
-import hashlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.plan.requests import EvalResult, RunResult
@@ -103,7 +101,8 @@ def _checked(model: Any, **fields: Any) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(map(str, err["loc"]))
-        raise ConductorError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ConductorError(f"{where}: {msg}" if where else msg) from None
 
 
 def run(
@@ -180,18 +179,36 @@ def evaluate(
     return _call(flow, request, EvalResult)
 
 
-def train(dataset: str | Path = "mixed", *, pool: PoolArg = None, **settings: Any) -> Any:
-    """Train a conductor for ``pool`` on ``dataset`` (what ``conductor train-conductor``
-    runs); ``settings`` are the training request's fields (``max_steps``, ``warm_start``, …).
-    Returns a ``TrainConductorResult``; the adapter is registered in MLflow."""
+def train(
+    recipe: str | Path = "default",
+    *,
+    pool: PoolArg = None,
+    dataset: str | Path | None = None,
+    settings: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Train a conductor for ``pool`` with a training recipe (what ``conductor train-conductor
+    --recipe`` runs): a built-in name (``conductor recipes``) or a YAML file; ``dataset``
+    replaces the recipe's training questions; ``settings`` are ``--set``'s, as a mapping
+    (``{"stages.grpo.max_steps": 0, "heldout.limit": 100}``); ``options`` the request's
+    own (``promote``, ``restart``, ``fan_out``, ...). Returns a ``TrainConductorResult``
+    (its ``ledger`` says what each stage spent); the adapter is registered in MLflow."""
     from prefect_conductor.conductor.training.config import (
         TrainConductorRequest,
         TrainConductorResult,
     )
     from prefect_conductor.flows.train_conductor import train_conductor as flow
 
+    overrides = [f"dataset={dataset}"] if dataset is not None else []
+    overrides += [
+        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in (settings or {}).items()
+    ]
     request = _checked(
-        TrainConductorRequest, dataset=str(dataset), pool=_pool_file(pool), **settings
+        TrainConductorRequest,
+        recipe=str(recipe),
+        overrides=overrides,
+        pool=_pool_file(pool),
+        **options,
     )
     result: TrainConductorResult = _call(flow, request, TrainConductorResult)
     return result

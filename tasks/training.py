@@ -26,8 +26,6 @@ from prefect_conductor.conductor.adapters import write_adapter_meta
 from prefect_conductor.conductor.data.datasets import Example
 from prefect_conductor.conductor.plan.prompts import conductor_messages
 from prefect_conductor.conductor.pool import Pool
-from prefect_conductor.conductor.training.ledger import LEDGER_FIELDS, LedgerEntry
-from prefect_conductor.conductor.training.recipe import GrpoStage, Recipe, SftSettings
 from prefect_conductor.conductor.training.config import (
     TrainConductorRequest,
     grpo_config,
@@ -36,6 +34,8 @@ from prefect_conductor.conductor.training.config import (
     sft_config,
     should_promote,
 )
+from prefect_conductor.conductor.training.ledger import LEDGER_FIELDS, LedgerEntry
+from prefect_conductor.conductor.training.recipe import GrpoStage, Recipe, SftSettings
 from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, TokenCostPenalty
 from prefect_conductor.tasks.tracking import (
     finish_run,
@@ -194,10 +194,10 @@ def warm_start_train(
     init_adapter: Path | None = None,
 ) -> tuple[Path, int]:
     """TRL ``SFTTrainer`` on verified-correct plans; returns the adapter directory
-    ``output_dir/stage`` and the trainer's steps. Without ``init_adapter`` it trains a new LoRA on the base model;
-    with one (``--init-adapter``, the champion of a weekly retraining) it trains that LoRA
-    further. Every stage starts from the same point, so a round's adapter depends only on
-    the plans it was given (expert iteration, not drift)."""
+    ``output_dir/stage`` and the trainer's steps. Without ``init_adapter`` it trains a new
+    LoRA on the base model; with one (the recipe's start, or the previous stage's adapter)
+    it trains that LoRA further (``SftSettings.init``: from the same start each round is
+    expert iteration; from the previous adapter it is cheaper and keeps earlier rounds)."""
     from datasets import Dataset
     from peft import PeftModel
     from trl import SFTTrainer

@@ -221,8 +221,13 @@ def curriculum_examples(split: str, seed: int = 0) -> list[Any]:
     from prefect_conductor.conductor.data.datasets import Example
 
     return [
-        Example(id=r["id"], question=r["question"], reference=r["reference"], kind="math",
-                meta=r["meta"])  # fmt: skip
+        Example(
+            id=r["id"],
+            question=r["question"],
+            reference=r["reference"],
+            kind="math",
+            meta=r["meta"],
+        )  # fmt: skip
         for r in curriculum_rows(seed)
         if r["split"] == split
     ]

@@ -18,14 +18,15 @@ model's weight cache, written by the same code that serves ``local/smollm2-135m-
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from prefect_conductor.conductor.plan.requests import OrchestrateRequest
 from prefect_conductor.conductor.training.ledger import LedgerEntry
 from prefect_conductor.conductor.training.recipe import GrpoStage, Recipe, SftSettings
 from prefect_conductor.conductor.training.rewards import Rollout
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     from prefect_conductor.conductor.data.datasets import Example
@@ -76,14 +77,36 @@ class TrainConductorRequest(BaseModel):
         default=None, description="Where adapters go; default $CONDUCTOR_HOME/training/<run>."
     )
 
-    @field_validator("recipe", mode="before")
-    @classmethod
-    def _named(cls, v: Any) -> Any:
-        if isinstance(v, (str, Path)):
-            from prefect_conductor.conductor.training.recipe import load_recipe
+    overrides: list[str] = Field(
+        default_factory=list,
+        description="KEY=VALUE settings applied to the recipe, as `--set` (e.g. "
+        "stages.grpo.max_steps=0, heldout.limit=200).",
+    )
 
-            return load_recipe(v)
-        return v
+    @model_validator(mode="before")
+    @classmethod
+    def _load(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "recipe" not in data:
+            return data
+        from prefect_conductor.conductor.training.recipe import (
+            RecipeError,
+            apply_overrides,
+            load_recipe,
+            recipe_from_dict,
+        )
+
+        recipe, overrides = data["recipe"], list(data.get("overrides") or [])
+        try:
+            if isinstance(recipe, (str, Path)):
+                recipe = load_recipe(recipe, overrides)
+            elif overrides or isinstance(recipe, dict):
+                raw = recipe.model_dump(mode="json") if isinstance(recipe, Recipe) else recipe
+                recipe = recipe_from_dict(
+                    apply_overrides(copy.deepcopy(raw), overrides, "(request)")
+                )
+        except RecipeError as exc:
+            raise ValueError(str(exc)) from None
+        return {**data, "recipe": recipe}
 
 
 class StageReport(BaseModel):
@@ -190,9 +213,7 @@ def sft_config(
     )
 
 
-def grpo_config(
-    stage: GrpoStage, seed: int, output_dir: Path, reward_weights: list[float]
-) -> Any:
+def grpo_config(stage: GrpoStage, seed: int, output_dir: Path, reward_weights: list[float]) -> Any:
     from trl import GRPOConfig
 
     return GRPOConfig(

@@ -34,6 +34,7 @@ any error is one line naming the file, the stage and the field. Pure: no Prefect
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from importlib import resources
@@ -42,7 +43,14 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from prefect_conductor.conductor.errors import ConductorError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 __all__ = [
     "CollectStage",
@@ -107,8 +115,9 @@ class SftSettings(BaseModel):
     learning_rate: float = Field(default=1e-3, gt=0)
     per_device_train_batch_size: int = Field(default=4, ge=1)
     max_examples: int = Field(
-        default=160, ge=1, description="Verified plans at most, a seeded draw balanced over "
-        "the workers they use."
+        default=160,
+        ge=1,
+        description="Verified plans at most, a seeded draw balanced over the workers they use.",
     )
     init: Literal["start", "previous"] = Field(
         default="start",
@@ -152,8 +161,9 @@ class SelfSampleStage(_Stage):
     num_generations: int = Field(default=4, ge=1, le=16, description="Plans per question.")
     temperature: float = Field(default=1.0, gt=0)
     hints: str | None = Field(
-        default=None, description="Worked examples in the sampling prompt only (a YAML file "
-        "or a built-in name: word-problems)."
+        default=None,
+        description="Worked examples in the sampling prompt only (a YAML file "
+        "or a built-in name: word-problems).",
     )
     sft: SftSettings = Field(default_factory=SftSettings)
 
@@ -192,8 +202,8 @@ class GrpoStage(_Stage):
 class EvalStage(_Stage):
     kind: Literal["eval"]
     conductor: Literal["start", "current"] = Field(
-        default="current", description="start: what training starts from; current: the last "
-        "stage's adapter."
+        default="current",
+        description="start: what training starts from; current: the last stage's adapter.",
     )
     dataset: str | None = Field(default=None, description="Default: the held-out data set.")
     split: str | None = None
@@ -333,17 +343,32 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], where: str) -> d
         except yaml.YAMLError:
             value = raw
         node: Any = data
+        # What the node holds once validated: a mapping the recipe does not spell out starts
+        # from its defaults (``reward_weights.orchrm=1`` keeps ``plan``), never from {}.
+        full: Any = {"heldout": HeldOut().model_dump(mode="json")}
         if parts[0] == "stages":
             if len(parts) < 3:
                 raise RecipeError(f"recipe {where}: --set {key}: name a stage and a field")
             stages = data.get("stages") or []
             node, parts = stages[_stage_index(stages, parts[1], where)], parts[2:]
+            full = _validated(node)
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise RecipeError(f"recipe {where}: --set {key}: {part} is not a mapping")
+            default = full.get(part) if isinstance(full, dict) else None
+            if not isinstance(node.get(part), dict):
+                if part in node and node[part] is not None:
+                    raise RecipeError(f"recipe {where}: --set {key}: {part} is not a mapping")
+                node[part] = copy.deepcopy(default) if isinstance(default, dict) else {}
+            node, full = node[part], default
         node[parts[-1]] = value
     return data
+
+
+def _validated(stage: Any) -> dict[str, Any]:
+    """``stage`` (a raw mapping) with its defaults filled in, or {} if it does not validate."""
+    try:
+        return TypeAdapter(Stage).validate_python(stage).model_dump(mode="json")
+    except ValidationError:
+        return {}
 
 
 def _one_line(exc: ValidationError, data: dict[str, Any], where: str) -> str:

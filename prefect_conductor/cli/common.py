@@ -124,7 +124,8 @@ def build_request(model: Any, **fields: Any) -> Any:
         return model(**fields)
     except ValidationError as exc:
         err = exc.errors()[0]
-        fail(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}")
+        where, msg = ".".join(map(str, err["loc"])), err["msg"].removeprefix("Value error, ")
+        fail(f"{where}: {msg}" if where else msg)
 
 
 def call_long_flow(flow: Any, request: Any, result_type: type, what: str) -> Any:

@@ -30,8 +30,7 @@ def train_conductor_cmd(
     recipe: Annotated[
         str,
         typer.Option(
-            help="Training recipe: a built-in name (`conductor recipes` lists them) or a YAML "
-            "file."
+            help="Training recipe: a built-in name (`conductor recipes` lists them) or a YAML file."
         ),
     ] = "default",
     set_: Annotated[
@@ -44,8 +43,10 @@ def train_conductor_cmd(
     ] = None,
     dataset: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Training questions: arithmetic, mixed, words, or a JSONL/Parquet/CSV "
-        "file (default: the recipe's)."),
+        typer.Option(
+            help="Training questions: arithmetic, mixed, words, or a JSONL/Parquet/CSV "
+            "file (default: the recipe's)."
+        ),
     ] = None,
     eval_limit: Annotated[
         Optional[int],  # noqa: UP045
@@ -137,8 +138,10 @@ def load_recipe_option(
                 from prefect_conductor.conductor.training.hints import load_hint
 
                 load_hint(stage.hints, load_pool(None))
-            if isinstance(stage, GrpoStage) and stage.max_steps and stage.reward_weights.get(
-                "orchrm"
+            if (
+                isinstance(stage, GrpoStage)
+                and stage.max_steps
+                and stage.reward_weights.get("orchrm")
             ):
                 from prefect_conductor.reward_model.model import CHAMPION, load_reward_model
                 from prefect_conductor.tasks.registry import download_registered

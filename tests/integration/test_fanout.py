@@ -162,18 +162,24 @@ def test_grpo_rewards_come_from_plans_the_fleet_executed(stack, fleet):
         f"""
         import json
         from prefect import flow
+        from prefect_conductor.conductor.pool import load_pool
         from prefect_conductor.conductor.training.config import TrainConductorRequest
         from prefect_conductor.conductor.training.rewards import ExecutedPlanReward
-        from prefect_conductor.fleet.fanout import Fleet
-        from prefect_conductor.flows.train_conductor import rollout_executor
+        from prefect_conductor.flows.train_conductor import _Training
 
         request = TrainConductorRequest(
-            dataset="{fleet["data"]}", pool="{fleet["pool"]}", fan_out=True
+            recipe={{"dataset": "{fleet["data"]}", "stages": [{{"kind": "grpo"}}]}},
+            pool="{fleet["pool"]}",
+            fan_out=True,
+            rollout_concurrency=4,
         )
 
         @flow
         def score():
-            execute = rollout_executor(request, "grpo:fleet", "train-fleet", Fleet(4))
+            # The fleet is created in the flow run (fan_out): the training's executor sends
+            # the GRPO stage's rollouts to it.
+            training = _Training(request, "train-fleet", load_pool(request.pool))
+            execute = training._executor(request.recipe.stage("grpo"), request.recipe.dataset)
             return ExecutedPlanReward(execute)(
                 ["p"] * 3,
                 [[{{"role": "assistant", "content": t}}] for t in
@@ -194,4 +200,5 @@ def test_grpo_rewards_come_from_plans_the_fleet_executed(stack, fleet):
     assert len(rows) == 3 and len({r["run_id"] for r in rows}) == 3
     assert sorted(r["format_valid"] for r in rows) == [False, True, True]
     assert {r["tags"]["train_step"] for r in rows} == {"3"}
+    assert {r["tags"]["train_stage"] for r in rows} == {"grpo"}
     assert {r["served_by"] for r in rows} <= {s.id for s in fleet["serves"]}  # not host 0

@@ -133,3 +133,80 @@ def test_a_recipe_of_every_stage_kind_runs_and_its_ledger_adds_up(setup, tiny_ba
     assert ledger["round"].conductor_generations == 4
     assert ledger["warm-start"].worker_calls == 0
     assert ledger["collect"].worker_calls == 4
+
+
+def test_a_recipe_killed_in_its_middle_stage_resumes_there(setup, tiny_base, monkeypatch):
+    """The training dies in the self-sampling stage; the same recipe again resumes at that
+    stage in the same MLflow run: the collection and the warm start are not run twice."""
+    import mlflow
+    from prefect_conductor.flows import train_conductor as module
+    from prefect_conductor.tasks.tracking import tracking_uri
+
+    data, pool, _ = setup
+    recipe = {"stages": tiny_recipe(data, tiny_base)["stages"][1:4]}  # collect, sft, round
+    request = _request(data, pool, tiny_base, **recipe)
+    sft_calls = []
+    real_sft = module.warm_start_train
+
+    def counting_sft(*args, **kwargs):
+        sft_calls.append(kwargs.get("stage"))
+        return real_sft(*args, **kwargs)
+
+    monkeypatch.setattr(module, "warm_start_train", counting_sft)
+    real_sample = module._Training.self_sample
+
+    def killed(self, stage):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(module._Training, "self_sample", killed)
+    state = module.train_conductor(request, return_state=True)
+    assert state.is_failed()
+    collected = len(ArtifactStore().read_pandas("runs"))
+    assert sft_calls == ["warm-start"] and collected == 4
+
+    monkeypatch.setattr(module._Training, "self_sample", real_sample)
+    result = module.train_conductor(request)
+    assert result.resumed_at == "round"
+    assert sft_calls == ["warm-start", "round"]  # the warm start was not trained again
+    runs = ArtifactStore().read_pandas("runs")
+    stages = [dict(t)["train_stage"] for t in runs["tags"]]
+    assert stages.count("collect") == 4  # not collected again
+    assert {dict(t)["train_run"] for t in runs["tags"]} == {result.run_id}  # one MLflow run
+    assert [s.stage for s in result.stages] == ["collect", "warm-start", "round", "after"]
+    assert [e.stage for e in result.ledger][:4] == ["collect", "warm-start", "round", "after"]
+    # the resumed stages' ledger comes from the progress file, as they spent it
+    assert result.ledger[0].worker_calls == 4
+    client = mlflow.MlflowClient(tracking_uri())
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["collect/worker_calls"] == 4
+    assert run.data.metrics["total/worker_calls"] == result.ledger[-1].worker_calls
+    # finished: the same command now starts a new training
+    again = module.train_conductor(request.model_copy(update={"promote": False}))
+    assert again.run_id != result.run_id and again.resumed_at is None
+
+
+def test_the_ledger_is_a_prefect_table_artifact(setup, tiny_base):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect_conductor.flows.train_conductor import train_conductor
+
+    data, pool, _ = setup
+    stages = tiny_recipe(data, tiny_base)["stages"][1:3]  # collect, sft
+    result = train_conductor(_request(data, pool, tiny_base, stages=stages))
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["training-ledger"]))
+            )
+
+    import asyncio
+
+    # the server is shared by this module's tests: this training's artifact names its run
+    (artifact,) = [a for a in asyncio.run(read()) if result.run_id in (a.description or "")]
+    rows = artifact.data if isinstance(artifact.data, list) else json.loads(artifact.data)
+    assert [r["stage"] for r in rows] == [e.stage for e in result.ledger]
+    # collect (2 questions x 2 workers), after and the incumbent's eval (2 questions each)
+    assert [r["stage"] for r in rows] == ["collect", "warm-start", "after", "incumbent", "total"]
+    assert rows[-1]["worker_calls"] == result.ledger[-1].worker_calls == 4 + 2 + 2

@@ -1,6 +1,6 @@
-"""``conductor train-conductor --self-sample-hints`` with a bad hint file, in a fresh CLI
-process (issue #18): one line naming the file and the field, exit 2, before anything starts.
-The hint files themselves are ``tests/unit/test_hints.py``."""
+"""``conductor train-conductor --recipe FILE`` whose self-sample stage names a bad hint file,
+in a fresh CLI process (issue #18): one line naming the file and the field, exit 2, before
+anything starts. The hint files themselves are ``tests/unit/test_hints.py``."""
 
 from __future__ import annotations
 
@@ -15,14 +15,28 @@ def test_train_conductor_with_a_bad_hint_file_fails_in_one_line_before_training(
     env = {**os.environ, "CONDUCTOR_HOME": str(tmp_path / "home")}
     bad = tmp_path / "hints.yaml"
     bad.write_text(yaml.safe_dump({"examples": [{"question": "q", "steps": [{"worker": "gpt9"}]}]}))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "hinted",
+                "dataset": "arithmetic",
+                "stages": [
+                    {"kind": "collect", "questions": {"limit": 2}},
+                    {"kind": "sft"},
+                    {"kind": "self-sample", "name": "round", "hints": str(bad)},
+                ],
+            }
+        )
+    )
     out = subprocess.run(
         [
             sys.executable,
             "-m",
             "prefect_conductor.cli.app",
             "train-conductor",
-            "--self-sample-hints",
-            str(bad),
+            "--recipe",
+            str(recipe),
         ],
         capture_output=True,
         text=True,

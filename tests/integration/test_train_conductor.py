@@ -1,17 +1,21 @@
 """Conductor training end to end on the CPU: a tiny random base model, fake workers.
 
-- the executed-plan reward scores 0 / 0.5 / 1 and stores every rollout, tagged;
+- the executed-plan reward of a recipe's GRPO stage scores 0 / 0.5 / 1 and stores every
+  rollout, tagged with the training and the stage;
 - GRPO steps (TRL) change the LoRA weights when rewards differ;
-- the whole ``train-conductor`` flow: warm start from stored runs, GRPO, before/after evals,
-  MLflow runs in a temp sqlite store, the registered model and its aliases;
+- the whole ``train-conductor`` flow on a recipe: warm start from stored runs, GRPO,
+  before/after evals, MLflow runs in a temp sqlite store, the registered model and its aliases;
 - a saved adapter serves through ``local/<dir>`` and ``--conductor``, and the base model it
   shares still answers as before with the adapter disabled.
+
+Recipes of every stage kind, their ledger and resuming are ``test_recipes.py``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import litellm
 import pytest
@@ -23,6 +27,7 @@ from prefect_conductor.conductor.plan.requests import EvalRequest
 from prefect_conductor.conductor.pool import load_pool
 from prefect_conductor.conductor.providers.local_model import LocalModelRegistry, register
 from prefect_conductor.conductor.training.config import TrainConductorRequest
+from prefect_conductor.conductor.training.recipe import SftSettings, recipe_from_dict
 from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rollout
 from safetensors.torch import load_file
 
@@ -30,7 +35,11 @@ from prefect_conductor.testing.fakes import ANSWERS
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
+# In both splits: the first two are the held-out questions (heldout.limit 2), so they never
+# become training data although the train split holds them too.
 QUESTIONS = {"What is 2 + 3?": "5", "What is 10 - 4?": "6", "What is 7 * 6?": "42"}
+# Only in the train split: enough training questions outside the held-out ones.
+TRAIN_ONLY = {"What is 9 + 9?": "18", "What is 5 * 5?": "25"}
 RIGHT = 'model_id = [0]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
 WRONG = 'model_id = [1]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
 
@@ -43,15 +52,13 @@ def setup(tmp_path, monkeypatch, tiny_base):
     monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
     data = tmp_path / "mini.jsonl"
     rows = [
-        {"id": f"q{i}", "question": q, "reference": a, "kind": "math", "split": split}
-        for split in ("train", "test")
-        for i, (q, a) in enumerate(QUESTIONS.items())
+        {"id": f"{split}-q{i}", "question": q, "reference": a, "kind": "math", "split": split}
+        for split, questions in (("train", {**QUESTIONS, **TRAIN_ONLY}), ("test", QUESTIONS))
+        for i, (q, a) in enumerate(questions.items())
     ]
-    for r in rows:
-        r["id"] = f"{r['split']}-{r['id']}"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     ANSWERS.clear()
-    ANSWERS.update({q: f"The answer is {a}." for q, a in QUESTIONS.items()})
+    ANSWERS.update({q: f"The answer is {a}." for q, a in {**QUESTIONS, **TRAIN_ONLY}.items()})
     pool = tmp_path / "pool.yaml"
     pool.write_text(
         yaml.safe_dump(
@@ -79,35 +86,57 @@ SFT_EXAMPLE = {
     "completion": [{"role": "assistant", "content": 'model_id = ["oracle"]'}],
 }
 
+BEFORE = {"kind": "eval", "name": "before", "conductor": "start"}
+WARM_START = {"kind": "sft", "name": "warm-start", "num_train_epochs": 1}
 
-def _request(data, pool, tiny_base, **kw) -> TrainConductorRequest:
-    defaults = dict(
-        dataset=str(data),
-        pool=str(pool),
-        base=str(tiny_base),
-        eval_limit=2,
-        eval_concurrency=2,
-        max_steps=2,
-        num_generations=2,
-        batch_size=4,
-        max_completion_length=16,
-        learning_rate=1e-2,
-        warm_start_epochs=1,
-        warm_start=False,
-        self_sample_rounds=0,
+
+def _grpo(**changes: Any) -> dict[str, Any]:
+    """A GRPO stage sized for the tiny model: 2 steps of 2 questions x 2 rollouts."""
+    return {
+        "kind": "grpo",
+        "name": "grpo",
+        "max_steps": 2,
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 16,
+        "learning_rate": 1e-2,
+        **changes,
+    }
+
+
+def _request(
+    data, pool, tiny_base, *stages: dict[str, Any], promote: bool = True, **changes: Any
+) -> TrainConductorRequest:
+    """A recipe of ``stages`` (default: a "before" eval, then GRPO; the final "after" eval is
+    the recipe's own) on the mini data set, two held-out questions."""
+    recipe = {
+        "name": "mini",
+        "dataset": str(data),
+        "base": str(tiny_base),
+        "heldout": {"split": "test", "limit": 2},
+        "stages": list(stages) or [BEFORE, _grpo()],
+        **changes,
+    }
+    return TrainConductorRequest(
+        recipe=recipe_from_dict(recipe), pool=str(pool), promote=promote, eval_concurrency=2
     )
-    return TrainConductorRequest(**{**defaults, **kw})
+
+
+def _training(request: TrainConductorRequest, run_id: str):
+    """The flow's state of one training (``flows.train_conductor._Training``)."""
+    from prefect_conductor.flows.train_conductor import _Training
+
+    return _Training(request, run_id, load_pool(request.pool))
 
 
 def test_executed_reward_scores_invalid_wrong_and_correct_plans_and_stores_them(setup, tiny_base):
-    from prefect_conductor.flows.train_conductor import rollout_executor
-
     data, pool, _ = setup
     request = _request(data, pool, tiny_base)
 
     @flow
     def score() -> list[float | None]:
-        reward = ExecutedPlanReward(rollout_executor(request, "grpo:test", "train-1"))
+        execute = _training(request, "train-1")._executor(request.recipe.stage("grpo"), str(data))
+        reward = ExecutedPlanReward(execute)
         return reward(
             ["p"] * 3,
             [[{"role": "assistant", "content": t}] for t in ("no plan here", WRONG, RIGHT)],
@@ -124,8 +153,10 @@ def test_executed_reward_scores_invalid_wrong_and_correct_plans_and_stores_them(
     assert len(runs) == 3
     tags = [dict(t) for t in runs["tags"]]
     assert {t["train_run"] for t in tags} == {"train-1"}
+    assert {t["train_stage"] for t in tags} == {"grpo"}
     assert {t["train_step"] for t in tags} == {"7"}
-    assert set(runs["conductor_model"]) == {"grpo:test"}
+    assert {(t["dataset"], t["split"]) for t in tags} == {(str(data), "train")}
+    assert set(runs["conductor_model"]) == {"grpo:train-1"}
     assert sorted(runs["format_valid"]) == [False, True, True]
     # The invalid plan ran nothing; the two valid ones ran one step each.
     assert len(ArtifactStore().read_pandas("steps")) == 2
@@ -134,12 +165,12 @@ def test_executed_reward_scores_invalid_wrong_and_correct_plans_and_stores_them(
 def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp_path):
     """Real TRL GRPOTrainer; the tiny model writes no plan, so half of each group's rollouts
     are swapped for a valid plan before they run: rewards differ, advantages are not 0."""
-    from prefect_conductor.flows.train_conductor import rollout_executor
     from prefect_conductor.tasks.training import grpo_train, start_training_run
 
     data, pool, _ = setup
     request = _request(data, pool, tiny_base)
-    real = rollout_executor(request, "grpo:test", "train-2")
+    stage = request.recipe.stage("grpo")
+    real = _training(request, "train-2")._executor(stage, str(data))
 
     def execute(rollouts: list[Rollout], step: int):
         swapped = [
@@ -155,7 +186,8 @@ def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp
         run_id = start_training_run(request, {})
         examples = load_dataset(str(data), split="train")
         return grpo_train(
-            request,
+            request.recipe,
+            stage,
             load_pool(pool),
             examples,
             None,
@@ -166,6 +198,7 @@ def test_grpo_steps_change_the_adapter_when_rewards_differ(setup, tiny_base, tmp
 
     outcome = train()
     assert outcome.steps == 2 and outcome.rollouts == 8
+    assert outcome.adapter_dir == tmp_path / "out" / "grpo"  # named after the stage
     weights = load_file(outcome.adapter_dir / "adapter_model.safetensors")
     lora_b = [t for name, t in weights.items() if "lora_B" in name]
     assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at zero in PEFT
@@ -185,19 +218,27 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     evaluate(
         EvalRequest(dataset=str(data), split="train", strategy="single:oracle", pool=str(pool))
     )
-    result = train_conductor(_request(data, pool, tiny_base, warm_start=True, max_steps=1))
-    assert result.steps == 1
-    # Both splits hold the same three questions here: the two held-out ones (eval_limit=2)
-    # never become warm-start data, so one of the three verified-correct runs remains.
-    assert result.warm_start_examples == 1
+    result = train_conductor(
+        _request(data, pool, tiny_base, BEFORE, WARM_START, _grpo(max_steps=1))
+    )
+    assert [s.stage for s in result.stages] == ["before", "warm-start", "grpo", "after"]
+    by = {s.stage: s for s in result.stages}
+    assert by["grpo"].steps == 1
+    # The train split holds the three test questions too: the two held-out ones never become
+    # warm-start data, so three of the five verified-correct runs remain.
+    assert by["warm-start"].examples == 3
     assert result.accuracy_before is not None and result.accuracy_after is not None
+    assert result.accuracy_before == by["before"].accuracy
+    assert result.accuracy_after == by["after"].accuracy
     # No champion yet: the incumbent is the pool's own conductor, measured as "before"; a
     # first candidate that does not beat it is registered but never promoted (issue #18).
     assert result.before_conductor == f"pool conductor (local/{tiny_base})"
-    assert result.started_from == f"{tiny_base} + a new LoRA, warm-started on 1 plans"
+    assert result.started_from == f"{tiny_base} + a new LoRA"
+    assert result.resumed_at is None
     assert result.incumbent_accuracy == result.accuracy_before
     assert result.promoted == (result.accuracy_after > result.accuracy_before)
     assert result.adapter_uri == "models:/conductor/1"
+    assert Path(result.adapter_dir) == Path(by["grpo"].adapter)
     from prefect_conductor.tasks.training import champion_exists, register_conductor
 
     assert champion_exists() == result.promoted
@@ -217,7 +258,8 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
     client = mlflow.MlflowClient()
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.params["warm_start"] == "True"
+    assert run.data.params["recipe"] == "mini"
+    assert run.data.params["stages"] == "before,warm-start,grpo,after"
     assert "accuracy_after" in run.data.metrics
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.name == "train/conductor"
@@ -231,10 +273,12 @@ def test_train_conductor_flow_tracks_registers_and_serves(setup, tiny_base, monk
         champion_version
     )
 
-    # Rollouts are stored, tagged with the training run.
+    # Rollouts are stored, tagged with the training run and the stage.
     runs = ArtifactStore().read_pandas("runs")
     tagged = [dict(t) for t in runs["tags"] if dict(t).get("train_run") == result.run_id]
-    assert len(tagged) == 4  # 1 step x batch 4
+    rollouts = [t for t in tagged if t["train_stage"] == "grpo"]
+    assert len(rollouts) == 4  # 1 step x batch 4
+    assert {t["train_stage"] for t in tagged} == {"before", "grpo", "after"}  # SFT runs nothing
 
     # The registered adapter serves through the registry reference.
     from prefect_conductor.tasks.registry import resolve_conductor, with_conductor
@@ -261,23 +305,31 @@ def test_train_conductor_on_an_empty_store_collects_the_runs_it_needs(setup, tin
 
     data, pool, _ = setup
     with pytest.raises(ConductorError, match="holds no verified-correct run"):
-        train_conductor(_request(data, pool, tiny_base, warm_start=True, collect_limit=0))
+        train_conductor(_request(data, pool, tiny_base, WARM_START, _grpo(max_steps=1)))
+    collect = {"kind": "collect", "name": "collect", "questions": {"limit": 3}}
     result = train_conductor(
-        _request(data, pool, tiny_base, warm_start=True, max_steps=1, collect_limit=3)
+        _request(data, pool, tiny_base, collect, WARM_START, _grpo(max_steps=1))
     )
     runs = ArtifactStore().read_pandas("runs")
     strategies = [dict(t).get("strategy") for t in runs["tags"]]
-    # Each single worker answered the three training questions once (the collection) ...
+    # Each single worker answered three training questions once (the collection) ...
     assert strategies.count("single:oracle") == 3 and strategies.count("single:echo") == 3
-    # ... and only the verified-correct runs outside the held-out two became warm-start data.
-    assert result.warm_start_examples == 1
-    assert result.started_from == f"{tiny_base} + a new LoRA, warm-started on 1 plans"
+    collected = [
+        r.question for r in runs.itertuples() if dict(r.tags).get("train_stage") == "collect"
+    ]
+    # ... never a held-out one (the first two test questions) ...
+    assert not set(collected) & set(list(QUESTIONS)[:2])
+    by = {s.stage: s for s in result.stages}
+    assert (by["collect"].questions, by["collect"].rollouts, by["collect"].right) == (3, 6, 3)
+    # ... and the oracle's verified-correct runs became the warm-start data.
+    assert by["warm-start"].examples == 3
+    assert result.started_from == f"{tiny_base} + a new LoRA"
 
 
 def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(setup, tiny_base):
     """Warm start, one round of self-sampling, no GRPO: the round's plans are sampled by the
-    warm-started adapter, run, verified and stored (tagged), a second SFT follows, and with
-    eval_stages every stage's conductor is evaluated on the held-out questions."""
+    warm-started adapter, run, verified and stored (tagged), a second SFT follows, and an eval
+    stage after each one scores its conductor on the held-out questions."""
     from prefect_conductor.flows.train_conductor import train_conductor
 
     data, pool, _ = setup
@@ -287,26 +339,34 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
     from prefect_conductor.flows.evaluate import evaluate
 
     evaluate(evaluate_oracle)
+    round_ = {
+        "kind": "self-sample",
+        "name": "round",
+        "questions": {"limit": 2},
+        "num_generations": 2,
+        "sft": {"num_train_epochs": 1},
+    }
     result = train_conductor(
         _request(
             data,
             pool,
             tiny_base,
-            warm_start=True,
-            max_steps=0,
-            self_sample_rounds=1,
-            self_sample_questions=2,
-            self_sample_k=2,
-            eval_stages=True,
-            eval_before=False,
+            WARM_START,
+            {"kind": "eval", "name": "scored"},
+            round_,
+            {"kind": "eval", "name": "after"},
         )
     )
-    assert result.steps == 0
-    assert [s.stage for s in result.stages] == ["warm-start", "round-1"]
-    assert all(s.accuracy is not None and s.format_valid is not None for s in result.stages)
-    assert result.stages[1].rollouts == 4  # 2 questions x 2 samples
+    assert [s.stage for s in result.stages] == ["warm-start", "scored", "round", "after"]
+    assert [s.kind for s in result.stages] == ["sft", "eval", "self-sample", "eval"]
+    assert not any(s.kind == "grpo" for s in result.stages)
+    by = {s.stage: s for s in result.stages}
+    for name, trained in (("scored", "warm-start"), ("after", "round")):
+        assert by[name].accuracy is not None and by[name].format_valid is not None
+        assert by[name].adapter == by[trained].adapter  # the stage before it is scored
+    assert by["round"].rollouts == 4  # 2 questions x 2 samples
     runs = ArtifactStore().read_pandas("runs")
-    sampled = [r for r in runs.itertuples() if dict(r.tags).get("self_sample_round") == "1"]
+    sampled = [r for r in runs.itertuples() if dict(r.tags).get("train_stage") == "round"]
     assert len(sampled) == 4
     assert sorted(dict(r.tags)["sample"] for r in sampled) == ["0", "0", "1", "1"]
     # Sampled by the warm-started adapter, not by the pool's conductor.
@@ -316,37 +376,43 @@ def test_self_sampling_rounds_run_store_and_retrain_and_each_stage_is_scored(set
     # The round's SFT is redone on every verified plan stored (the oracle's here: the tiny
     # model's 16-token plans never verify), and its adapter is the one registered.
     assert not any(r.correct and r.workflow_json for r in sampled)
-    assert result.stages[1].examples == result.stages[0].examples > 0
-    assert Path(result.adapter_dir).name == "round-1"
+    assert by["round"].examples == by["warm-start"].examples > 0
+    assert Path(result.adapter_dir).name == "round"
     assert (Path(result.adapter_dir) / "adapter_model.safetensors").exists()
     provenance = json.loads((Path(result.adapter_dir) / "conductor.json").read_text())
     assert provenance["provenance"]["continued_from"] is None  # from the base, as the warm start
-    # The final adapter is the last stage's: its eval is "after", not run a second time.
+    # The final adapter is the last stage's: the recipe's own "after" scores it, no second one.
     assert result.accuracy_after == result.stages[-1].accuracy
     evals = ArtifactStore().read_pandas("runs")
-    evals = {dict(t).get("eval_id") for t in evals["tags"] if "self_sample_round" not in dict(t)}
-    # the oracle's, one per stage, and the incumbent's (the champion to beat): no "after"
+    evals = {dict(t).get("eval_id") for t in evals["tags"]}
+    # the oracle's, one per eval stage, and the incumbent's (the champion to beat)
     assert len(evals - {None}) == 1 + 2 + 1
+    assert [e.stage for e in result.ledger] == [
+        "warm-start", "scored", "round", "after", "incumbent", "total"
+    ]  # fmt: skip
 
 
 def test_an_sft_stage_goes_on_training_the_adapter_it_is_given(setup, tiny_base, tmp_path):
     """An SFT stage given ``init_adapter`` trains that LoRA further (not a new one of the
-    request's rank), and its provenance says what it continued."""
+    recipe's rank), and its provenance says what it continued."""
     from prefect_conductor.tasks.training import start_training_run, warm_start_train
 
     data, pool, _ = setup
-    request = _request(data, pool, tiny_base, warm_start_epochs=3)  # warm-up: step 0 has lr 0
+    request = _request(data, pool, tiny_base)
+    recipe = request.recipe
+    settings = SftSettings(num_train_epochs=3)  # warm-up: step 0 has lr 0
     run_id = start_training_run(request, {})
     example = SFT_EXAMPLE
     out = tmp_path / "adapters"
-    first = warm_start_train(request, [example], out, run_id)
-    other_rank = request.model_copy(update={"lora_r": 4})  # what a new LoRA would get
-    second = warm_start_train(
-        other_rank, [example, example], out, run_id, stage="round-1", init_adapter=first
+    first, steps = warm_start_train(recipe, settings, [example], out, run_id)
+    assert first == out / "warm-start" and steps == 3  # 1 example, 3 epochs
+    other_rank = recipe.model_copy(update={"lora_r": 4})  # what a new LoRA would get
+    second, _ = warm_start_train(
+        other_rank, settings, [example, example], out, run_id, stage="round-1", init_adapter=first
     )
     assert second == out / "round-1"
     rank = [json.loads((d / "adapter_config.json").read_text())["r"] for d in (first, second)]
-    assert rank == [request.lora_r, request.lora_r] != [4, 4]
+    assert rank == [recipe.lora_r, recipe.lora_r] != [4, 4]
     before = load_file(first / "adapter_model.safetensors")
     after = load_file(second / "adapter_model.safetensors")
     assert before.keys() == after.keys()
@@ -367,10 +433,10 @@ def test_grpo_on_the_mixed_set_stores_tagged_rollouts_of_every_domain(setup, tin
     from prefect_conductor.flows.train_conductor import train_conductor
 
     _, pool, _ = setup
-    result = train_conductor(
-        _request("mixed", pool, tiny_base, limit=4, max_steps=2, eval_before=False, promote=False)
-    )
-    assert result.steps == 2
+    grpo = _grpo(max_steps=2, questions={"limit": 4, "fresh": False})
+    result = train_conductor(_request("mixed", pool, tiny_base, grpo, promote=False))
+    assert {s.stage: s for s in result.stages}["grpo"].steps == 2
+    assert result.accuracy_before is None and not result.promoted
     domain = {ex.id: ex.meta["domain"] for ex in load_dataset("mixed", split="train", limit=4)}
     runs = ArtifactStore().read_pandas("runs")
     rollouts = [
@@ -379,7 +445,10 @@ def test_grpo_on_the_mixed_set_stores_tagged_rollouts_of_every_domain(setup, tin
     assert len(rollouts) == 8  # 2 steps x batch 4
     assert {domain[q] for q, _ in rollouts} == set(MIXED_DOMAINS)
     assert all(
-        t["train_run"] == result.run_id and t["dataset"] == "mixed" and t["split"] == "train"
+        t["train_run"] == result.run_id
+        and t["train_stage"] == "grpo"
+        and t["dataset"] == "mixed"
+        and t["split"] == "train"
         for _, t in rollouts
     )
     assert sorted({t["train_step"] for _, t in rollouts}) == ["0", "1"]
@@ -433,14 +502,38 @@ def _cli(*args: str, cwd: Path, timeout: int = 900):
     )
 
 
+def _recipe_file(tmp_path: Path, **changes: Any) -> Path:
+    """A recipe YAML for the CLI: no "before" eval, no warm start, one GRPO step."""
+    recipe = {
+        "name": "cli",
+        "dataset": "arithmetic",
+        "heldout": {"split": "test", "limit": 2},
+        "stages": [_grpo(max_steps=1, per_device_train_batch_size=2)],
+        **changes,
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
 def test_cli_bad_arguments_get_one_line_and_exit_2(tmp_path):
-    proc = _cli("--batch-size", "3", "--num-generations", "2", cwd=tmp_path)
+    recipe = _recipe_file(tmp_path)
+    proc = _cli("--recipe", str(recipe), "--set", "stages.grpo.per_device_train_batch_size=3",
+                cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 2
-    assert "batch_size (3) must be a multiple of num_generations (2)" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: recipe {recipe}: stage 1 (grpo): per_device_train_batch_size (3) must be a "
+        "multiple of num_generations (2)"
+    ]
+    assert not (tmp_path / "home" / "training").exists()  # nothing started
     # No OrchRM trained in this home: one line naming what is missing and how to get it.
-    proc = _cli("--orchrm-weight", "1", cwd=tmp_path)
+    # (The recipe names the plan weight: --set adds orchrm's next to it.)
+    weighted = _grpo(max_steps=1, per_device_train_batch_size=2, reward_weights={"plan": 1.0})
+    recipe = _recipe_file(tmp_path, stages=[weighted])
+    proc = _cli("--recipe", str(recipe), "--set", "stages.grpo.reward_weights.orchrm=1",
+                cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "models:/orchrm@champion" in proc.stderr and "conductor train-rm" in proc.stderr
 
 
@@ -463,26 +556,31 @@ def test_cli_json_is_one_object_on_stdout(setup, tiny_base, tmp_path):
             }
         )
     )
+    # The recipe's data set, base and held-out size are overridden by the common options.
+    recipe = _recipe_file(tmp_path, stages=[_grpo(max_steps=2, per_device_train_batch_size=2)])
     proc = _cli(
-        "--dataset", str(data), "--pool", str(pool), "--base", str(tiny_base),
-        "--max-steps", "1", "--batch-size", "2", "--num-generations", "2",
-        "--max-completion-length", "16", "--eval-limit", "1", "--no-eval-before", "--no-warm-start", "--json",
+        "--recipe", str(recipe), "--set", "stages.grpo.max_steps=1", "--dataset", str(data),
+        "--pool", str(pool), "--base", str(tiny_base), "--eval-limit", "1", "--json",
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)  # exactly one JSON document, nothing else
     assert set(result) == {
-        "run_id", "steps", "wall_s", "warm_start_examples", "reward_first", "reward_last",
-        "format_valid_before", "format_valid_after", "accuracy_before", "accuracy_after",
-        "adapter_uri", "promoted", "incumbent_accuracy", "before_conductor", "started_from",
-        "stages",
+        "run_id", "recipe", "wall_s", "accuracy_before", "accuracy_after",
+        "format_valid_before", "format_valid_after", "adapter_uri", "promoted",
+        "incumbent_accuracy", "before_conductor", "started_from", "resumed_at", "stages",
+        "ledger",
     }  # fmt: skip
-    assert result["steps"] == 1 and result["accuracy_before"] is None
-    # --no-eval-before: the incumbent (the pool's conductor, no champion yet) is measured
+    assert result["recipe"] == "cli" and result["resumed_at"] is None
+    assert [(s["stage"], s["steps"]) for s in result["stages"]] == [("grpo", 1), ("after", None)]
+    assert result["stages"][-1]["questions"] == 1  # --eval-limit
+    assert result["accuracy_before"] is None
+    # No "before" eval: the incumbent (the pool's conductor, no champion yet) is measured
     # anyway, on the same held-out question, and labelled as what training did not start from.
     assert result["incumbent_accuracy"] is not None and result["before_conductor"] is None
     assert result["started_from"] == f"{tiny_base} + a new LoRA"
     assert result["promoted"] == (result["accuracy_after"] > result["incumbent_accuracy"])
+    assert [e["stage"] for e in result["ledger"]] == ["grpo", "after", "incumbent", "total"]
     assert "loss" in proc.stderr  # the trainer's progress is visible, on stderr
 
 
@@ -496,51 +594,42 @@ def test_init_adapter_is_continued_by_the_warm_start_and_sampled_without_one(set
     data, pool, _ = setup
     base_request = _request(data, pool, tiny_base)
     example = SFT_EXAMPLE
-    champion = warm_start_train(
-        base_request, [example], setup[2] / "champ", start_training_run(base_request, {})
+    champion, _ = warm_start_train(
+        base_request.recipe,
+        SftSettings(num_train_epochs=1),
+        [example],
+        setup[2] / "champ",
+        start_training_run(base_request, {}),
     )
     evaluate(
         EvalRequest(dataset=str(data), split="train", strategy="single:oracle", pool=str(pool))
     )
     warm = train_conductor(
-        _request(
-            data,
-            pool,
-            tiny_base,
-            init_adapter=str(champion),
-            warm_start=True,
-            max_steps=0,
-            eval_before=False,
-            promote=False,
-        )
+        _request(data, pool, tiny_base, WARM_START, init_adapter=str(champion), promote=False)
     )
     meta = json.loads((Path(warm.adapter_dir) / "conductor.json").read_text())
     assert Path(warm.adapter_dir).name == "warm-start"
     assert meta["provenance"]["continued_from"] == str(champion)
-    assert warm.started_from == f"{champion}, warm-started on 1 plans"
+    assert warm.started_from == str(champion)
+    assert {s.stage: s for s in warm.stages}["warm-start"].examples == 3
 
+    round_ = {
+        "kind": "self-sample",
+        "name": "round",
+        "questions": {"limit": 2},
+        "num_generations": 1,
+        "sft": {"num_train_epochs": 1},
+    }
     sampled = train_conductor(
-        _request(
-            data,
-            pool,
-            tiny_base,
-            init_adapter=str(champion),
-            warm_start=False,
-            max_steps=0,
-            self_sample_rounds=1,
-            self_sample_questions=2,
-            self_sample_k=1,
-            eval_before=False,
-            promote=False,
-        )
+        _request(data, pool, tiny_base, round_, init_adapter=str(champion), promote=False)
     )
-    assert [s.stage for s in sampled.stages] == ["round-1"]
+    assert [s.stage for s in sampled.stages] == ["round", "after"]
     runs = ArtifactStore().read_pandas("runs")
     mine = [r for r in runs.itertuples() if dict(r.tags).get("train_run") == sampled.run_id]
-    rounds = [r for r in mine if dict(r.tags).get("self_sample_round") == "1"]
+    rounds = [r for r in mine if dict(r.tags).get("train_stage") == "round"]
     assert len(rounds) == 2
     assert {r.conductor_model for r in rounds} == {f"local/{champion}"}
     # ... and the round's SFT starts from it too, on the store's verified plans.
     meta = json.loads((Path(sampled.adapter_dir) / "conductor.json").read_text())
-    assert Path(sampled.adapter_dir).name == "round-1"
+    assert Path(sampled.adapter_dir).name == "round"
     assert meta["provenance"]["continued_from"] == str(champion)

@@ -38,7 +38,7 @@ def test_the_curriculum_is_train_only_and_the_held_out_set_is_both_generators_wo
     assert not any(r["id"].startswith("easy/") for r in train[2 * EASY :] + test)
     for r in easy:  # references recomputed from the question, and no expression stored
         assert int(r["reference"]) == _solve(r["question"]), r
-        assert set(r) == {"id", "question", "reference", "kind", "split"}
+        assert set(r) == {"id", "question", "reference", "kind", "split", "meta"}
     # one operation first, then two: the first half's questions hold two numbers
     assert all(len(re.findall(r"\d+", r["question"])) == 2 for r in easy[:EASY])
     assert all(len(re.findall(r"\d+", r["question"])) == 3 for r in easy[EASY:])
@@ -71,7 +71,27 @@ def test_the_three_operation_block_ends_the_train_split_and_moves_no_earlier_row
     assert not before[-1]["id"].startswith("easy/")
     for r in three:
         assert int(r["reference"]) == _solve_three(r["question"]) >= 0, r
-        assert set(r) == {"id", "question", "reference", "kind", "split"}
+        assert set(r) == {"id", "question", "reference", "kind", "split", "meta"}
     kinds = {("packs of" in q) + 2 * ("jars on" in q) + 4 * ("bags with" in q) for q in
              (r["question"] for r in three)}  # fmt: skip
     assert kinds == {0, 1, 2, 4}  # every shape drawn
+
+
+def test_words_is_a_built_in_data_set_ordered_easiest_first_with_levels():
+    """The curriculum as data (issue #40): ``load_dataset("words")``, whose ``meta.level`` a
+    recipe filters on (``where: {level: 4}``) instead of naming offsets into a split."""
+    train = load_dataset("words", split="train")
+    test = load_dataset("words", split="test")
+    rows = [r for r in curriculum_rows(0) if r["split"] == "train"]
+    assert [e.question for e in train] == [r["question"] for r in rows]
+    levels = [e.meta["level"] for e in train]
+    assert levels == sorted(levels[: 2 * EASY]) + levels[2 * EASY :]  # 1s, then 2s first
+    assert levels[:EASY] == [1] * EASY and levels[EASY : 2 * EASY] == [2] * EASY
+    assert levels[-THREE:] == [4] * THREE and set(levels[2 * EASY : -THREE]) == {3}
+    for e in train:
+        if e.meta["level"] in (1, 2):
+            assert int(e.reference) == _solve(e.question)
+        elif e.meta["level"] == 4:
+            assert int(e.reference) == _solve_three(e.question)
+    assert {e.question for e in train}.isdisjoint(e.question for e in test)
+    assert all(e.meta == {"level": 3, "domain": "word"} for e in test)

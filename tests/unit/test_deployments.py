@@ -95,7 +95,9 @@ def test_train_conductor_deployment_targets_the_gpu_pool():
     assert train["work_pool"]["job_variables"]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     flow = load_flow_from_entrypoint(train["entrypoint"])
     request = flow.validate_parameters(train["parameters"])["request"]
-    assert request.warm_start and request.batch_size % request.num_generations == 0
+    grpo = request.recipe.stage("grpo")
+    assert grpo.max_steps == 200 and grpo.per_device_train_batch_size == 32
+    assert [s.kind for s in request.recipe.stages][:3] == ["eval", "collect", "sft"]
 
 
 def test_train_conductor_retrains_weekly_from_the_incumbent():
@@ -109,10 +111,10 @@ def test_train_conductor_retrains_weekly_from_the_incumbent():
     assert (day, month) == ("*", "*") and weekday.isdigit()  # once a week
     flow = load_flow_from_entrypoint(train["entrypoint"])
     request = flow.validate_parameters(schedule["parameters"])["request"]
-    assert request.init_adapter == INCUMBENT and request.promote
+    assert request.recipe.init_adapter == INCUMBENT and request.promote
     # On the task set the shipped conductor was trained on, as the deployment's own default.
     default = flow.validate_parameters(train["parameters"])["request"]
-    assert request.dataset == default.dataset == "mixed"
+    assert request.recipe.dataset == default.recipe.dataset == "mixed"
 
 
 def test_kubernetes_gpu_job_template_asks_for_a_gpu():

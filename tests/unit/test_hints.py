@@ -127,53 +127,40 @@ def test_the_hint_goes_after_the_instructions_of_either_prompt_style():
         assert hinted[1:] == plain[1:]
 
 
+def _sampled(monkeypatch, **stage) -> list:
+    """The requests one self-sampling stage sends (2 mixed training questions), unrun."""
+    import prefect_conductor.flows.train_conductor as tc
+    from prefect_conductor.conductor.training.config import StageReport
+    from prefect_conductor.conductor.training.recipe import recipe_from_dict
+
+    sent: list = []
+    monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])
+    recipe = recipe_from_dict(
+        {"dataset": "mixed", "seed": 5,
+         "stages": [{"kind": "self-sample", "name": "round", "questions": {"limit": 2}, **stage}]}
+    )  # fmt: skip
+    training = tc._Training(TrainConductorRequest(recipe=recipe), "run1", POOL)
+    training.current = Path("/adapters/warm-start")
+    monkeypatch.setattr(training, "sft", lambda *a, **k: StageReport(stage="round", kind="sft"))
+    training.self_sample(recipe.stage("round"))
+    return sent
+
+
 def test_self_sampling_sends_the_hint_and_tags_the_runs(monkeypatch):
     """Only the sampling requests carry the hint; the tags say which file it was."""
-    import prefect_conductor.flows.train_conductor as tc
-    from prefect_conductor.conductor.data.datasets import load_dataset
-
-    sent: list = []
-    monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])
-    questions = load_dataset("mixed", split="train", limit=2)
-    request = TrainConductorRequest(
-        dataset="mixed", self_sample_k=2, self_sample_hints="word-problems"
-    )
+    sent = _sampled(monkeypatch, num_generations=2, hints="word-problems")
     hints = hint_rotations("word-problems", POOL)
-    tc.self_sample(request, questions, Path("/adapters/warm-start"), 1, "run1", None, hints)
     assert len(sent) == 4
-    by_sample = {(r.seed, r.conductor_hint) for r in sent}
-    assert by_sample == {(request.seed, hints[0]), (request.seed + 1, hints[1])}
+    assert {(r.seed, r.conductor_hint) for r in sent} == {(5, hints[0]), (6, hints[1])}
     assert {r.tags["self_sample_hints"] for r in sent} == {"word-problems"}
-    sent.clear()
-    tc.self_sample(
-        request.model_copy(update={"self_sample_hints": None}),
-        questions,
-        Path("/adapters/warm-start"),
-        1,
-        "run1",
-    )
-    assert {r.conductor_hint for r in sent} == {None}
-    assert not any("self_sample_hints" in r.tags for r in sent)
+    assert {r.conductor for r in sent} == {"/adapters/warm-start"}
+    plain = _sampled(monkeypatch, num_generations=2)
+    assert {r.conductor_hint for r in plain} == {None}
+    assert not any("self_sample_hints" in r.tags for r in plain)
 
 
-def test_self_sampling_samples_at_its_own_temperature_else_the_grpo_one(monkeypatch):
-    """`self_sample_temperature` sets the rounds' sampling temperature only; unset, the
-    rounds sample at `temperature` (the GRPO one); the k samples keep distinct seeds."""
-    import prefect_conductor.flows.train_conductor as tc
-    from prefect_conductor.conductor.data.datasets import load_dataset
-
-    sent: list = []
-    monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])
-    questions = load_dataset("mixed", split="train", limit=2)
-    adapter = Path("/adapters/warm-start")
-    request = TrainConductorRequest(dataset="mixed", self_sample_k=3, temperature=0.9)
-    tc.self_sample(request, questions, adapter, 1, "run1")
-    assert {r.conductor_temperature for r in sent} == {0.9}
-    sent.clear()
-    tc.self_sample(
-        request.model_copy(update={"self_sample_temperature": 0.5}), questions, adapter, 1, "r"
-    )
+def test_self_sampling_samples_at_its_stages_temperature_with_distinct_seeds(monkeypatch):
+    sent = _sampled(monkeypatch, num_generations=3, temperature=0.5)
     assert {r.conductor_temperature for r in sent} == {0.5}
-    assert sorted(r.seed for r in sent) == [request.seed + k for k in (0, 0, 1, 1, 2, 2)]
-    with pytest.raises(ValueError):
-        TrainConductorRequest(dataset="mixed", self_sample_temperature=0)
+    assert sorted({r.seed for r in sent}) == [5, 6, 7]
+    assert {r.tags["train_stage"] for r in sent} == {"round"}

@@ -293,3 +293,23 @@ def test_tool_errors_through_litellm(tools: None) -> None:
     assert isinstance(cause, ToolError) and cause.worker == "tool/python"
     with pytest.raises(ToolError, match="unknown tool 'tool/shell'"):
         run_tool("tool/shell", _ask("ls"))
+
+
+def test_the_calculator_refuses_the_questions_expression_copied_with_other_brackets():
+    """Issue #40: ``(3 + 4) * 5`` copied as ``3 + 4 * 5`` was a silent wrong answer; it is a
+    failed step now, and an exact copy (or another expression) is answered as before."""
+    from prefect_conductor.conductor.plan.prompts import worker_messages
+    from prefect_conductor.conductor.providers.tools import ToolError
+    from prefect_conductor.conductor.providers.tools.provider import answer_calculator
+
+    question = "What is (3 + 4) * 5?"
+    assert answer_calculator(worker_messages(question, "(3 + 4) * 5", [])) == "35"
+    assert answer_calculator(worker_messages(question, "Compute (3+4)*5", [])) == "35"
+    with pytest.raises(ToolError, match=r"'3 \+ 4 \* 5' is the question's '\(3 \+ 4\) \* 5'"):
+        answer_calculator(worker_messages(question, "3 + 4 * 5", []))
+    # brackets that change nothing are no miscopy; a new expression (a word problem's) is fine
+    assert answer_calculator(worker_messages("What is (2 * 3) + 1?", "2 * 3 + 1", [])) == "7"
+    story = "Tom has 3 bags of 4 marbles and finds 5 more. How many?"
+    assert answer_calculator(worker_messages(story, "3 * 4 + 5", [])) == "17"
+    # without the shared question (share_question off) there is nothing to compare
+    assert answer_calculator(worker_messages(question, "3 + 4 * 5", [], False)) == "23"

@@ -22,6 +22,7 @@ import prefect_conductor.tasks.tracking
 import pytest
 from prefect_conductor.conductor.errors import ConductorError, StoreError, StoreUnavailableError
 from prefect_conductor.conductor.training.config import TrainConductorRequest
+from prefect_conductor.conductor.training.recipe import SftSettings
 from prefect_conductor.reward_model.model import RewardModelRequest
 from prefect_conductor.tasks import reward_model as rm_tasks
 from prefect_conductor.tasks import training
@@ -212,10 +213,10 @@ def _fails_in_one_line(call: Any, what: str, url: str) -> None:
 
 
 def test_the_training_run_opens_and_finishes_only_with_a_server(down: str):
-    request = TrainConductorRequest()
+    request = TrainConductorRequest(recipe="default")
     _fails_in_one_line(
         lambda: training.start_training_run.fn(request, {}),
-        "open run train-conductor in experiment train/conductor",
+        "open run train-conductor · default in experiment train/conductor",
         down,
     )
     _fails_in_one_line(
@@ -301,7 +302,12 @@ def test_a_stage_does_not_train_into_a_server_that_is_down(down: str, fake_trl, 
     example = {"prompt": "p", "completion": "c"}
     _fails_in_one_line(
         lambda: training.warm_start_train.fn(
-            TrainConductorRequest(), [example], tmp_path, "parent", stage="warm-start"
+            TrainConductorRequest(recipe="default").recipe,
+            SftSettings(),
+            [example],
+            tmp_path,
+            "parent",
+            stage="warm-start",
         ),
         "log stage warm-start",
         down,
@@ -347,11 +353,13 @@ def test_a_local_store_still_records_the_training_run(monkeypatch, tmp_path: Pat
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("CONDUCTOR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CONDUCTOR_MLFLOW_RETRY_S", "30")
-    run_id = training.start_training_run.fn(TrainConductorRequest(), {"who": "test"})
+    request = TrainConductorRequest(recipe="default")
+    run_id = training.start_training_run.fn(request, {"who": "test"})
     training.finish_training_run.fn(run_id, {"accuracy": 0.5, "skipped": None}, "FINISHED")
     run = mlflow.MlflowClient(uri).get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics == {"accuracy": 0.5}
-    assert run.data.params["dataset"] == "arithmetic" and run.data.tags["who"] == "test"
+    assert run.data.params["dataset"] == "mixed" and run.data.tags["who"] == "test"
+    assert run.data.params["recipe"] == "default"
     assert not training.champion_exists()  # no champion: a real "none", not an outage
 
 
@@ -372,7 +380,7 @@ def test_a_local_store_still_registers_and_promotes(monkeypatch, tmp_path: Path)
     rm_tasks.log_pair_stats.fn(rm_run, built, None)
     rm_tasks.finish_rm_run.fn(rm_run, "FINISHED", {"train_loss": 0.1})
 
-    run = training.start_training_run.fn(TrainConductorRequest(), {})
+    run = training.start_training_run.fn(TrainConductorRequest(recipe="default"), {})
     reg = training.register_conductor.fn(run, model, 0.5, "sig", True, champion_accuracy=0.4)
     assert reg.promoted and training.champion_exists()
     assert training.champion_needs_eval("sig") is None  # its accuracy on "sig" is recorded

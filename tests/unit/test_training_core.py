@@ -26,6 +26,7 @@ from prefect_conductor.conductor.training.config import (
     rollout_request,
     should_promote,
 )
+from prefect_conductor.conductor.training.recipe import GrpoStage, RecipeError, recipe_from_dict
 from prefect_conductor.conductor.training.rewards import (
     ExecutedPlanReward,
     Rollout,
@@ -326,9 +327,24 @@ def test_promotion_only_for_a_better_candidate():
 
 
 def test_request_checks_the_group_size():
+    """The group-size check lives on the recipe's GRPO stage: a bad one is one line naming
+    the stage, and a request never holds it."""
     with pytest.raises(ValueError, match="multiple of num_generations"):
-        TrainConductorRequest(num_generations=4, batch_size=6)
-    assert TrainConductorRequest().temperature == 1.0 and TrainConductorRequest().beta == 0.0
+        GrpoStage(kind="grpo", num_generations=4, per_device_train_batch_size=6)
+    stages = [
+        {"kind": "sft"},
+        {"kind": "grpo", "name": "rl", "num_generations": 4, "per_device_train_batch_size": 6},
+    ]
+    with pytest.raises(RecipeError) as raised:
+        recipe_from_dict({"stages": stages}, "mine.yaml")
+    assert str(raised.value) == (
+        "recipe mine.yaml: stage 2 (rl): per_device_train_batch_size (6) must be a multiple "
+        "of num_generations (4)"
+    )
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        TrainConductorRequest(recipe={"stages": stages})
+    stage = GrpoStage(kind="grpo")
+    assert stage.temperature == 1.0 and stage.beta == 0.0  # the Conductor paper's settings
 
 
 def test_a_pool_naming_an_adapter_gets_the_prompt_it_was_trained_with(tmp_path):
@@ -368,16 +384,22 @@ def test_the_shipped_adapter_is_small_and_says_how_it_was_made():
 
 # -- the requests of training-time plan runs -------------------------------------------------------
 
-ROLLOUT_REQUEST = TrainConductorRequest(dataset="mixed", split="train", pool="pool.yaml", seed=3)
+SEED = 3  # the recipe's seed: sample k of a question is seeded SEED + k
 
 
 def test_a_grpo_rollout_runs_its_own_plan_on_the_training_pool():
     """``rollout_request`` is the one place the requests of training-time plan runs (GRPO
     rollouts, self-sampled plans) are built."""
     rollout = Rollout("What is 2 + 3?", "q1", "5", "math", "PLAN", meta={"n": 1})
-    tags = {"train_run": "r", "train_step": "4", "rollout": "0", "strategy": "grpo-rollout"}
+    tags = {
+        "train_run": "r",
+        "train_stage": "grpo",
+        "train_step": "4",
+        "rollout": "0",
+        "strategy": "grpo-rollout",
+    }
     built = rollout_request(
-        ROLLOUT_REQUEST, rollout, tags, plan_text=rollout.plan_text, plan_source="s"
+        "pool.yaml", rollout, tags, "mixed", "train", plan_text=rollout.plan_text, plan_source="s"
     )
     assert built == OrchestrateRequest(
         question="What is 2 + 3?",
@@ -395,14 +417,16 @@ def test_a_grpo_rollout_runs_its_own_plan_on_the_training_pool():
 
 def test_a_self_sampled_question_is_planned_by_the_adapter():
     example = Example(id="q7", question="Capital of France?", reference="Paris", kind="text")
-    tags = {"train_run": "r", "self_sample_round": "1", "sample": "2"}
+    tags = {"train_run": "r", "train_stage": "round-1", "sample": "2"}
     built = rollout_request(
-        ROLLOUT_REQUEST,
+        "pool.yaml",
         example,
         tags,
+        "mixed",
+        "train",
         conductor="/a",
         conductor_temperature=1.0,
-        seed=ROLLOUT_REQUEST.seed + 2,
+        seed=SEED + 2,
     )
     assert built == OrchestrateRequest(
         question="Capital of France?",
@@ -417,4 +441,4 @@ def test_a_self_sampled_question_is_planned_by_the_adapter():
         on_invalid_plan="error",
         tags={**tags, "dataset": "mixed", "split": "train"},
     )
-    assert tags == {"train_run": "r", "self_sample_round": "1", "sample": "2"}  # not mutated
+    assert tags == {"train_run": "r", "train_stage": "round-1", "sample": "2"}  # not mutated

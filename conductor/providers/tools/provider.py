@@ -62,12 +62,44 @@ def _last_user(messages: list[dict[str, Any]]) -> int:
     raise ToolError("tool: the messages hold no user turn (the step's subtask)")
 
 
+_TEAM = "You are part of a team answering this question:\n"
+
+
+def _question_expression(messages: list[dict[str, Any]]) -> str | None:
+    """The expression of the shared question (``worker_messages``' system turn), if any."""
+    for m in messages:
+        text = _text(m)
+        if m.get("role") == "system" and text.startswith(_TEAM):
+            try:
+                return extract_expression(text.removeprefix(_TEAM), require_operator=True)
+            except ToolError:
+                return None
+    return None
+
+
+def _miscopied(expression: str, question: str | None) -> bool:
+    """``expression`` is the question's with its brackets moved or dropped: the same numbers
+    and operators in the same order, other brackets (``3 + 4 * 5`` for ``(3 + 4) * 5``), a
+    different value. A plan that copies an expression must copy it exactly (issue #40)."""
+    if question is None or expression == question:
+        return False
+
+    def bare(text: str) -> str:
+        return "".join(ch for ch in text if ch not in "() \t")
+
+    return bare(expression) == bare(question) and evaluate(expression) != evaluate(question)
+
+
 def answer_calculator(
     messages: list[dict[str, Any]],
     timeout_s: float | None = None,
     sandbox: SandboxMode = "isolated",
 ) -> str:
-    """Evaluate the expression of the subtask, or of the latest earlier message with one."""
+    """Evaluate the expression of the subtask, or of the latest earlier message with one.
+
+    A subtask that copies the question's expression with other brackets is refused (a
+    ``ToolError``: the step fails, loudly), never answered: it would be a silent wrong
+    answer."""
     last = _last_user(messages)
     order = [messages[last]] + [messages[i] for i in range(len(messages) - 1, -1, -1) if i != last]
     # An expression needs an operator or a function call: a bare number found in prose ("A
@@ -77,6 +109,12 @@ def answer_calculator(
             expression = extract_expression(text, require_operator=True)
         except ToolError:
             continue
+        question = _question_expression(messages)
+        if _miscopied(expression, question):
+            raise ToolError(
+                f"calculator: the subtask's expression {expression!r} is the question's "
+                f"{question!r} with other brackets; copy the expression exactly"
+            )
         return evaluate(expression)
     raise ToolError(
         "calculator: no arithmetic expression in the instruction (numbers joined by operators, "
