@@ -210,3 +210,31 @@ def test_the_ledger_is_a_prefect_table_artifact(setup, tiny_base):
     # collect (2 questions x 2 workers), after and the incumbent's eval (2 questions each)
     assert [r["stage"] for r in rows] == ["collect", "warm-start", "after", "incumbent", "total"]
     assert rows[-1]["worker_calls"] == result.ledger[-1].worker_calls == 4 + 2 + 2
+
+
+def test_a_teacher_conductor_plans_the_collect_stage(setup, tiny_base):
+    """``collect`` with a ``teacher``: a litellm model plans every question on a copy of
+    the pool (here the tiny local model; a hosted one in real use), each run stored and
+    tagged with the teacher; then the single workers' stage and an SFT as usual."""
+    from prefect_conductor.flows.train_conductor import train_conductor
+
+    data, pool, _ = setup
+    teacher = f"local/{tiny_base}"
+    stages = [
+        {"kind": "collect", "name": "teach", "teacher": teacher, "questions": {"limit": 2}},
+        {"kind": "collect", "name": "collect", "questions": {"limit": 2}},
+        {"kind": "sft", "name": "distil", "num_train_epochs": 1},
+    ]
+    result = train_conductor(_request(data, pool, tiny_base, stages=stages))
+    runs = ArtifactStore().read_pandas("runs")
+    taught = [r for r in runs.itertuples() if dict(r.tags)["train_stage"] == "teach"]
+    assert len(taught) == 2 and {dict(r.tags)["teacher"] for r in taught} == {teacher}
+    assert {r.conductor_model for r in taught} == {teacher}
+    assert all(r.conductor_output is not None for r in taught)  # the teacher wrote plans
+    ledger = {e.stage: e for e in result.ledger}
+    assert ledger["teach"].conductor_generations == 2
+    # the stages' questions are disjoint: the teacher's two, then the next two
+    collected = {
+        r.question_id for r in runs.itertuples() if dict(r.tags)["train_stage"] == "collect"
+    }
+    assert collected.isdisjoint(r.question_id for r in taught)
