@@ -113,3 +113,45 @@ print(len(load_pool().workers), embedded_adapter_path().is_dir())
     assert proc.returncode == 0, proc.stderr[-3000:]
     workers, shipped = proc.stdout.split()
     assert int(workers) >= 2 and shipped == "True"
+
+
+def test_train_runs_a_recipe_with_settings_from_a_users_project(project, tmp_path, tiny_base):
+    """``pc.train(recipe, pool=..., dataset=..., settings={...})``: a recipe file of the
+    user's, its settings as a mapping, the typed result with its ledger; a bad setting is
+    one ConductorError line before anything runs."""
+    rows = [{"id": f"{s}{i}", "question": f"What is {i} + {n}?", "reference": str(i + n),
+             "kind": "math", "split": s} for s, n in (("train", 1), ("test", 2)) for i in range(3)]  # fmt: skip
+    (project / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    recipe = {"stages": [{"kind": "collect", "questions": {"limit": 2}},
+                         {"kind": "sft", "num_train_epochs": 1}]}  # fmt: skip
+    (project / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    pool = {
+        "conductor": {"model": f"local/{tiny_base}", "params": {"max_tokens": 16}},
+        "workers": [{"name": "calculator", "kind": "tool", "model": "tool/calculator"}],
+    }
+    (project / "tiny.yaml").write_text(yaml.safe_dump(pool))
+    code = f"""\
+import json
+import prefect_conductor as pc
+
+settings = {{"base": {str(tiny_base)!r}, "heldout.limit": 1}}
+try:
+    pc.train("recipe.yaml", pool="tiny.yaml", settings={{"stages.sft.num_train_epochz": 1}})
+except pc.ConductorError as exc:
+    bad = str(exc)
+result = pc.train("recipe.yaml", pool="tiny.yaml", dataset="data.jsonl", settings=settings,
+                  promote=False)
+print(json.dumps({{"result": result.model_dump(mode="json"), "bad": bad}}))
+"""
+    proc, _ = _python(project, code, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bad"].startswith("recipe recipe.yaml: stage 2 (sft): num_train_epochz: Extra")
+    result = out["result"]
+    assert [s["stage"] for s in result["stages"]] == ["collect", "sft", "after"]
+    ledger = {e["stage"]: e for e in result["ledger"]}
+    assert ledger["collect"]["worker_calls"] == 2  # one worker, two training questions
+    assert ledger["total"]["worker_calls"] == sum(
+        e["worker_calls"] for e in result["ledger"] if e["stage"] != "total"
+    )
+    assert result["stages"][-1]["questions"] == 1  # heldout.limit from the settings
