@@ -30,6 +30,7 @@ the local pool). A worse first candidate never becomes champion (issue #18).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -41,8 +42,10 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_conductor.conductor.adapters import EMBEDDED_ADAPTER, INCUMBENT
 from prefect_conductor.conductor.data.datasets import Example, load_dataset
 from prefect_conductor.conductor.data.store import ArtifactStore
-from prefect_conductor.conductor.errors import ConductorError
+from prefect_conductor.conductor.errors import ConductorError, PlanError
 from prefect_conductor.conductor.home import conductor_home
+from prefect_conductor.conductor.plan.parse import parse_plan
+from prefect_conductor.conductor.plan.prompts import describe_workers
 from prefect_conductor.conductor.plan.requests import (
     EvalRequest,
     EvalResult,
@@ -75,8 +78,10 @@ from prefect_conductor.conductor.training.warm_start import warm_start_examples
 from prefect_conductor.flows.best_of_n import QUESTION_FLOWS
 from prefect_conductor.flows.evaluate import evaluate
 from prefect_conductor.tasks.artifacts import RunBatch, ledger_artifact
+from prefect_conductor.tasks.planning import write_plan
 from prefect_conductor.tasks.questions import RunOutcome, run_question
-from prefect_conductor.tasks.registry import resolve_conductor
+from prefect_conductor.tasks.registry import resolve_conductor, with_conductor
+from prefect_conductor.tasks.reward_model import score_plans
 from prefect_conductor.tasks.training import (
     EXPERIMENT,
     champion_exists,
@@ -309,25 +314,32 @@ class _Training:
         questions = self.questions(stage.questions)
         hints = hint_rotations(stage.hints, self.pool) if stage.hints else None
         dataset = stage.questions.dataset or self.recipe.dataset
-        requests = [
-            rollout_request(
-                self.request.pool,
-                ex,
-                {
-                    **self.tags(stage.name),
-                    "sample": str(k),
-                    **({"self_sample_hints": stage.hints} if stage.hints else {}),
-                },
-                dataset,
-                stage.questions.split,
-                conductor=str(self.current) if self.current else None,
-                conductor_temperature=stage.temperature,
-                conductor_hint=hints[k % len(hints)] if hints else None,
-                seed=self.recipe.seed + k,
-            )
-            for ex in questions
-            for k in range(stage.num_generations)
-        ]
+        tags = {
+            **self.tags(stage.name),
+            **({"self_sample_hints": stage.hints} if stage.hints else {}),
+        }
+
+        def sample(ex: Example, k: int, extra: dict | None = None, **fields: Any):
+            return rollout_request(
+                self.request.pool, ex, {**tags, "sample": str(k), **(extra or {})}, dataset,
+                stage.questions.split, seed=self.recipe.seed + k, **fields,
+            )  # fmt: skip
+
+        if stage.guide is None:  # every sampled plan runs
+            requests = [
+                sample(
+                    ex,
+                    k,
+                    conductor=str(self.current) if self.current else None,
+                    conductor_temperature=stage.temperature,
+                    conductor_hint=hints[k % len(hints)] if hints else None,
+                )  # fmt: skip
+                for ex in questions
+                for k in range(stage.num_generations)
+            ]
+            sampled = None
+        else:
+            requests, sampled = self._guided(stage, questions, hints, sample)
         outcomes = [_outcome(r) for r in self._run(requests)]
         self.used.update(e.id for e in questions)
         right = sum(bool(o and o.correct) for o in outcomes)
@@ -337,10 +349,66 @@ class _Training:
             update={
                 "kind": stage.kind,
                 "questions": len(questions),
+                "sampled": sampled,
                 "rollouts": len(outcomes),
                 "right": right,
             }
         )
+
+    def _guided(
+        self, stage: SelfSampleStage, questions: list[Example], hints: list[str] | None, sample
+    ) -> tuple[list[OrchestrateRequest], int]:
+        """OrchRM-guided sampling: every plan is written (no worker call), identical plans
+        are merged, OrchRM scores the distinct valid ones plan-only and the top
+        ``guide.execute`` run; an unparseable plan is stored as the invalid run it is (no
+        step, no worker call), a merged or unchosen one is never run. Returns the requests
+        and the number of plans written."""
+        assert stage.guide is not None
+        pool = with_conductor(self.pool, str(self.current)) if self.current else self.pool
+        max_steps = pool.max_steps
+        futures = {
+            (i, k): write_plan.submit(
+                ex.question,
+                _sampling_pool(
+                    pool,
+                    stage.temperature,
+                    self.recipe.seed + k,
+                    hints[k % len(hints)] if hints else None,
+                ),
+                max_steps,
+            )  # fmt: skip
+            for i, ex in enumerate(questions)
+            for k in range(stage.num_generations)
+        }
+        workers = describe_workers(pool)
+        requests: list[OrchestrateRequest] = []
+        source = pool.conductor.model
+        for i, ex in enumerate(questions):
+            distinct: dict[str, tuple[int, str, dict]] = {}
+            for k in range(stage.num_generations):
+                text = futures[(i, k)].result().text
+                try:
+                    lists = parse_plan(text, pool, max_steps=max_steps).to_lists()
+                except PlanError:
+                    requests.append(sample(ex, k, plan_text=text, plan_source=source))
+                    continue
+                distinct.setdefault(json.dumps(lists, sort_keys=True), (k, text, lists))
+            if not distinct:
+                continue
+            candidates = list(distinct.values())
+            scores = score_plans(
+                stage.guide.orchrm, ex.question, [c[2] for c in candidates], None, workers
+            )
+            ranked = sorted(range(len(candidates)), key=lambda j: (-scores[j], candidates[j][0]))
+            for j in ranked[: stage.guide.execute]:
+                k, text, _ = candidates[j]
+                requests.append(
+                    sample(
+                        ex, k, plan_text=text, plan_source=source,
+                        extra={"plan_score": f"{scores[j]:.6f}", "guided": "orchrm"},
+                    )
+                )  # fmt: skip
+        return requests, len(futures)
 
     def grpo(self, stage: GrpoStage) -> StageReport:
         if not stage.max_steps:
@@ -452,6 +520,11 @@ class _Training:
         return stage_ledger(runs, steps, self.run_id, stage, wall_s)
 
 
+def _sampling_pool(pool: Pool, temperature: float, seed: int, hint: str | None) -> Pool:
+    sampled = pool.with_conductor_sampling(temperature, seed)
+    return sampled.with_conductor_hint(hint) if hint else sampled
+
+
 def _training_pool(request: TrainConductorRequest) -> Pool:
     pool = load_pool(request.pool)
     conductor = pool.conductor.model_copy(update={"prompt": request.recipe.prompt})
@@ -514,6 +587,8 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
             used_before = set(training.used)
             report = training.run_stage(stage)
             entry = training.ledger(stage.name, time.perf_counter() - t0)
+            if report.sampled is not None:  # plans written but never run are generations too
+                entry = entry.model_copy(update={"conductor_generations": report.sampled})
             reports.append(report)
             ledger.append(entry)
             log_stage(

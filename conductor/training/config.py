@@ -117,6 +117,9 @@ class StageReport(BaseModel):
     stage: str
     kind: str
     questions: int | None = None
+    sampled: int | None = Field(
+        default=None, description="Plans written (guided sampling: more than executed)."
+    )
     rollouts: int | None = Field(default=None, description="Plans executed.")
     right: int | None = Field(default=None, description="Executed plans verified correct.")
     examples: int | None = Field(default=None, description="SFT examples.")

@@ -56,6 +56,7 @@ __all__ = [
     "CollectStage",
     "EvalStage",
     "GrpoStage",
+    "Guide",
     "Questions",
     "Recipe",
     "RecipeError",
@@ -154,6 +155,19 @@ class SftStage(_Stage, SftSettings):
     kind: Literal["sft"]
 
 
+class Guide(BaseModel):
+    """OrchRM-guided sampling (issue #41): the plans are written, identical ones merged,
+    OrchRM scores the rest plan-only and only the best ``execute`` run; the others never
+    do, so they cost no worker call."""
+
+    model_config = _FORBID
+
+    orchrm: str = Field(
+        default="models:/orchrm@champion", description="The reward model: models:/… or a dir."
+    )
+    execute: int = Field(default=1, ge=1, description="Plans executed per question.")
+
+
 class SelfSampleStage(_Stage):
     kind: Literal["self-sample"]
     rounds: int = Field(default=1, ge=1, description="Expanded to stages NAME-1 … NAME-N.")
@@ -164,6 +178,11 @@ class SelfSampleStage(_Stage):
         default=None,
         description="Worked examples in the sampling prompt only (a YAML file "
         "or a built-in name: word-problems).",
+    )
+    guide: Guide | None = Field(
+        default=None,
+        description="OrchRM-guided: run only OrchRM's top plans per question (None: every "
+        "sampled plan runs).",
     )
     sft: SftSettings = Field(default_factory=SftSettings)
 

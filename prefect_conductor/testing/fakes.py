@@ -10,7 +10,9 @@ Behaviours, from the model name:
 - ``fake/lookup``: answers ``ANSWERS[last user message]`` (or "I don't know");
 - ``fake/plan``: a scripted conductor: answers ``PLANS["nested"]`` to a recursion round
   (its prompt shows an earlier workflow) and ``PLANS["top"]`` otherwise; the messages of
-  each call are appended to ``PLAN_PROMPTS``.
+  each call are appended to ``PLAN_PROMPTS``;
+- ``fake/cycle``: a sampling conductor: the n-th call about one question (its last user
+  message) answers ``CYCLE[n % len(CYCLE)]``, so k samples of a question are known.
 
 ``CALLS`` counts calls per model name, so tests can assert what was (not) retried.
 """
@@ -28,12 +30,22 @@ from litellm.types.utils import Choices, Message, Usage
 
 from prefect_conductor.conductor.providers._litellm import litellm
 
-__all__ = ["ANSWERS", "CALLS", "PLANS", "PLAN_PROMPTS", "FakeLLM", "register_fake_provider"]
+__all__ = [
+    "ANSWERS",
+    "CALLS",
+    "CYCLE",
+    "PLANS",
+    "PLAN_PROMPTS",
+    "FakeLLM",
+    "register_fake_provider",
+]
 
 CALLS: Counter[str] = Counter()
 PLANS: dict[str, str] = {"top": "", "nested": ""}
 ANSWERS: dict[str, str] = {}
 PLAN_PROMPTS: list[list[dict[str, Any]]] = []
+CYCLE: list[str] = []
+_CYCLED: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
@@ -63,6 +75,11 @@ class FakeLLM(CustomLLM):
             PLAN_PROMPTS.append(list(messages))
             nested = any("An earlier workflow was" in str(m.get("content")) for m in messages)
             return _respond(model, PLANS["nested" if nested else "top"], messages)
+        if name == "cycle":
+            with _lock:
+                n = _CYCLED[last]
+                _CYCLED[last] += 1
+            return _respond(model, CYCLE[n % len(CYCLE)], messages)
         if name == "lookup":
             return _respond(model, ANSWERS.get(last, "I don't know"), messages)
         if name == "echo":

@@ -372,3 +372,85 @@ def test_orchrm_reward_function_uses_the_champion(world):
         "What is 2 + 3?", ["no plan at all"], pool_description=describe_workers(load_pool())
     )
     assert score == pytest.approx(expected[0])
+
+
+PLAN_A = 'model_id = ["oracle"]\nsubtasks = ["Answer the question."]\naccess_list = [[]]'
+PLAN_B = (
+    'model_id = ["echo", "oracle"]\nsubtasks = ["Repeat it.", "Answer the question."]\n'
+    "access_list = [[], [0]]"
+)
+
+
+@pytest.mark.parametrize("execute", [1, 2])
+def test_guided_self_sampling_merges_identical_plans_and_runs_only_orchrms_top_m(
+    world, tmp_path, execute
+):
+    """Issue #41: 4 plans written per question (A, A, B, unparseable), A's twins merged,
+    OrchRM scores A and B plan-only and only the top ``execute`` run (counted in the steps
+    table); the unparseable one is stored as the invalid run it is, with no step."""
+    from prefect import flow
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.conductor.training.config import TrainConductorRequest
+    from prefect_conductor.conductor.training.recipe import recipe_from_dict
+    from prefect_conductor.flows import train_conductor as tc
+
+    from prefect_conductor.testing.fakes import CYCLE
+
+    pool_doc = yaml.safe_load(world["pool"].read_text())
+    pool_doc["conductor"] = {"model": "fake/cycle"}
+    pool = tmp_path / "cycle.yaml"
+    pool.write_text(yaml.safe_dump(pool_doc))
+    CYCLE[:] = [PLAN_A, PLAN_A, PLAN_B, "no plan at all"]
+    guide = {"orchrm": str(world["trained"].model_dir), "execute": execute}
+    recipe = recipe_from_dict({
+        "dataset": str(world["data"]), "heldout": {"limit": 1},
+        "stages": [{"kind": "self-sample", "name": f"guided-{execute}", "num_generations": 4,
+                    "questions": {"limit": 2}, "guide": guide}],
+    })  # fmt: skip
+    request = TrainConductorRequest(recipe=recipe, pool=str(pool))
+    stage = recipe.stages[0]
+
+    @flow
+    def sample_only():
+        training = tc._Training(request, f"guided-run-{execute}", load_pool(pool))
+        training.sft = lambda *a, **k: tc.StageReport(stage=stage.name, kind="sft")
+        return training.self_sample(stage)
+
+    report = sample_only()
+    assert report.sampled == 8 and report.questions == 2
+    runs = ArtifactStore().read_pandas("runs")
+    mine = runs[runs["tags"].map(lambda t: dict(t).get("train_run") == f"guided-run-{execute}")]
+    invalid = mine[~mine["format_valid"]]
+    ran = mine[mine["format_valid"]]
+    assert len(invalid) == 2  # one unparseable plan per question, stored, never executed
+    assert len(ran) == 2 * execute == report.rollouts - 2  # A and B distinct: top m of 2
+    # the merged twin of A is never run: at most one run per distinct plan and question
+    assert not ran.duplicated(["question_id", "conductor_output"]).any()
+    steps = ArtifactStore().read_pandas("steps")
+    assert steps["run_id"].isin(invalid["run_id"]).sum() == 0
+    executed = steps[steps["run_id"].isin(ran["run_id"])]
+    assert len(executed) == sum(1 if t == PLAN_A else 2 for t in ran["conductor_output"])
+    if execute == 1:  # the one run is OrchRM's higher-scored plan
+        first = ran.iloc[0]
+        scores = load_reward_model(str(world["trained"].model_dir)).score(
+            first["question"],
+            [json.loads(json.dumps(p)) for p in (_lists(PLAN_A, pool), _lists(PLAN_B, pool))],
+            None,
+            pool_description=_workers(pool),
+        )
+        assert first["conductor_output"] == (PLAN_A if scores[0] >= scores[1] else PLAN_B)
+    assert {dict(t)["guided"] for t in ran["tags"]} == {"orchrm"}
+
+
+def _lists(text: str, pool: Path) -> dict:
+    from prefect_conductor.conductor.plan.parse import parse_plan
+    from prefect_conductor.conductor.pool import load_pool
+
+    return parse_plan(text, load_pool(pool)).to_lists()
+
+
+def _workers(pool: Path) -> str:
+    from prefect_conductor.conductor.plan.prompts import describe_workers
+    from prefect_conductor.conductor.pool import load_pool
+
+    return describe_workers(load_pool(pool))

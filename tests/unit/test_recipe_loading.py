@@ -186,3 +186,12 @@ def test_set_on_a_nested_field_keeps_the_mappings_other_defaults():
     assert (heldout.split, heldout.limit) == ("dev", 50)
     with pytest.raises(RecipeError, match="max_steps is not a mapping"):
         load_recipe("grpo", ["stages.grpo.max_steps.x=1"])
+
+
+def test_a_self_sample_stage_can_be_guided_by_orchrm():
+    recipe = load_recipe("default", ["stages.round.guide={execute: 2}"])
+    guide = recipe.stage("round-1").guide
+    assert guide.execute == 2 and guide.orchrm == "models:/orchrm@champion"
+    assert load_recipe("default").stage("round-1").guide is None  # every plan runs
+    with pytest.raises(RecipeError, match=r"stage 4 \(round\): guide.execute: Input should be"):
+        load_recipe("default", ["stages.round.guide={execute: 0}"])
