@@ -173,6 +173,7 @@ def _stage_run(mlflow: Any, stage: str, parent_run_id: str) -> Any:
 
 
 def _save_adapter(model: Any, directory: Path, recipe: Recipe, **prov: Any) -> None:
+    prov = {"recipe": recipe.name, **prov}
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))
     # PEFT records the base as the local path it was loaded from; the name is portable.

@@ -58,7 +58,12 @@ class TrainConductorRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    recipe: Recipe = Field(description="The stages: a built-in name, a YAML file or a mapping.")
+    # ``| str``: the JSON schema of the deployment's form accepts a name (``recipe: grpo``);
+    # the validator below always leaves a Recipe here.
+    recipe: Recipe | str = Field(
+        description="The stages: a built-in name (`conductor recipes`), a YAML file, or the "
+        "recipe itself."
+    )
     pool: str | None = Field(default=None, description="Pool YAML; empty for the local pool.")
     promote: bool = Field(default=True, description="Promote to champion if it beats it.")
     restart: bool = Field(

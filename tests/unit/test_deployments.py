@@ -100,6 +100,19 @@ def test_train_conductor_deployment_targets_the_gpu_pool():
     assert [s.kind for s in request.recipe.stages][:3] == ["eval", "collect", "sft"]
 
 
+def test_train_conductor_parameters_pass_the_schema_prefect_enforces():
+    """A deployment's parameters are checked against the flow's JSON schema when a run is
+    created (``enforce_parameter_schema``): a recipe given by name must pass it."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    train = {d["name"]: d for d in _deployments()}["train-conductor"]
+    flow = load_flow_from_entrypoint(train["entrypoint"])
+    schema = parameter_schema(flow).model_dump()
+    for parameters in (train["parameters"], train["schedules"][0]["parameters"]):
+        assert validate(parameters, schema, raise_on_error=False) == []
+
+
 def test_train_conductor_retrains_weekly_from_the_incumbent():
     from prefect.client.schemas.schedules import CronSchedule
     from prefect_conductor.conductor.adapters import INCUMBENT
