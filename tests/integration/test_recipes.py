@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from prefect_conductor.conductor.data.store import ArtifactStore
-from prefect_conductor.conductor.providers.local_model import LocalModelRegistry, register
+from prefect_conductor.conductor.providers.local_model import LocalModelRegistry
 from prefect_conductor.conductor.training.config import TrainConductorRequest
 from prefect_conductor.conductor.training.recipe import recipe_from_dict
 
-from prefect_conductor.testing.fakes import ANSWERS
+from tests.training_world import training_world
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
@@ -35,37 +34,7 @@ HELD_OUT = {"What is 3 + 4?": "7", "What is 6 * 2?": "12"}
 
 @pytest.fixture()
 def setup(tmp_path, monkeypatch, tiny_base):
-    home = tmp_path / "home"
-    monkeypatch.setenv("CONDUCTOR_HOME", str(home))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
-    data = tmp_path / "mini.jsonl"
-    rows = [
-        {"id": f"{split}-q{i}", "question": q, "reference": a, "kind": "math", "split": split,
-         "meta": {"level": 1 + i % 2}}
-        for split, questions in (("train", QUESTIONS), ("test", HELD_OUT))
-        for i, (q, a) in enumerate(questions.items())
-    ]  # fmt: skip
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    ANSWERS.clear()
-    ANSWERS.update({q: f"The answer is {a}." for q, a in {**QUESTIONS, **HELD_OUT}.items()})
-    pool = tmp_path / "pool.yaml"
-    pool.write_text(
-        yaml.safe_dump(
-            {
-                "conductor": {
-                    "model": f"local/{tiny_base}",
-                    "params": {"temperature": 0.0, "max_tokens": 16},
-                },
-                "workers": [
-                    {"name": "oracle", "model": "fake/lookup", "description": "Knows answers."},
-                    {"name": "echo", "model": "fake/echo", "description": "Repeats."},
-                ],
-            }
-        )
-    )
-    register()
-    yield data, pool, home
+    yield training_world(tmp_path, monkeypatch, tiny_base, QUESTIONS, HELD_OUT, meta=True)
     LocalModelRegistry.remove(str(tiny_base))
 
 

@@ -25,13 +25,13 @@ from prefect import flow
 from prefect_conductor.conductor.data.store import ArtifactStore
 from prefect_conductor.conductor.plan.requests import EvalRequest
 from prefect_conductor.conductor.pool import load_pool
-from prefect_conductor.conductor.providers.local_model import LocalModelRegistry, register
+from prefect_conductor.conductor.providers.local_model import LocalModelRegistry
 from prefect_conductor.conductor.training.config import TrainConductorRequest
 from prefect_conductor.conductor.training.recipe import SftSettings, recipe_from_dict
 from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rollout
 from safetensors.torch import load_file
 
-from prefect_conductor.testing.fakes import ANSWERS
+from tests.training_world import training_world
 
 pytestmark = pytest.mark.usefixtures("prefect", "fake_provider")
 
@@ -46,37 +46,7 @@ WRONG = 'model_id = [1]\nsubtasks = ["What is 2 + 3?"]\naccess_list = [[]]'
 
 @pytest.fixture()
 def setup(tmp_path, monkeypatch, tiny_base):
-    home = tmp_path / "home"
-    monkeypatch.setenv("CONDUCTOR_HOME", str(home))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("CONDUCTOR_ARTIFACTS", raising=False)
-    data = tmp_path / "mini.jsonl"
-    rows = [
-        {"id": f"{split}-q{i}", "question": q, "reference": a, "kind": "math", "split": split}
-        for split, questions in (("train", {**QUESTIONS, **TRAIN_ONLY}), ("test", QUESTIONS))
-        for i, (q, a) in enumerate(questions.items())
-    ]
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    ANSWERS.clear()
-    ANSWERS.update({q: f"The answer is {a}." for q, a in {**QUESTIONS, **TRAIN_ONLY}.items()})
-    pool = tmp_path / "pool.yaml"
-    pool.write_text(
-        yaml.safe_dump(
-            {
-                # The conductor is the tiny local model; workers are fakes.
-                "conductor": {
-                    "model": f"local/{tiny_base}",
-                    "params": {"temperature": 0.0, "max_tokens": 16},
-                },
-                "workers": [
-                    {"name": "oracle", "model": "fake/lookup", "description": "Knows answers."},
-                    {"name": "echo", "model": "fake/echo", "description": "Repeats."},
-                ],
-            }
-        )
-    )
-    register()
-    yield data, pool, home
+    yield training_world(tmp_path, monkeypatch, tiny_base, {**QUESTIONS, **TRAIN_ONLY}, QUESTIONS)
     LocalModelRegistry.remove(str(tiny_base))
 
 
