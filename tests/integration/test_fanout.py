@@ -165,7 +165,7 @@ def test_grpo_rewards_come_from_plans_the_fleet_executed(stack, fleet):
         from prefect_conductor.conductor.pool import load_pool
         from prefect_conductor.conductor.training.config import TrainConductorRequest
         from prefect_conductor.conductor.training.rewards import ExecutedPlanReward
-        from prefect_conductor.flows.train_conductor import _Training
+        from prefect_conductor.flows._stages import Training as _Training
 
         request = TrainConductorRequest(
             recipe={{"dataset": "{fleet["data"]}", "stages": [{{"kind": "grpo"}}]}},

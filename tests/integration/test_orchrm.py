@@ -392,7 +392,7 @@ def test_guided_self_sampling_merges_identical_plans_and_runs_only_orchrms_top_m
     from prefect_conductor.conductor.pool import load_pool
     from prefect_conductor.conductor.training.config import TrainConductorRequest
     from prefect_conductor.conductor.training.recipe import recipe_from_dict
-    from prefect_conductor.flows import train_conductor as tc
+    from prefect_conductor.flows import _stages as tc
 
     from prefect_conductor.testing.fakes import CYCLE
 
@@ -412,7 +412,7 @@ def test_guided_self_sampling_merges_identical_plans_and_runs_only_orchrms_top_m
 
     @flow
     def sample_only():
-        training = tc._Training(request, f"guided-run-{execute}", load_pool(pool))
+        training = tc.Training(request, f"guided-run-{execute}", load_pool(pool))
         training.sft = lambda *a, **k: tc.StageReport(stage=stage.name, kind="sft")
         return training.self_sample(stage)
 

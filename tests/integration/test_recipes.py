@@ -108,7 +108,8 @@ def test_a_recipe_killed_in_its_middle_stage_resumes_there(setup, tiny_base, mon
     """The training dies in the self-sampling stage; the same recipe again resumes at that
     stage in the same MLflow run: the collection and the warm start are not run twice."""
     import mlflow
-    from prefect_conductor.flows import train_conductor as module
+    from prefect_conductor.flows import _stages as module
+    from prefect_conductor.flows.train_conductor import train_conductor
     from prefect_conductor.tasks.tracking import tracking_uri
 
     data, pool, _ = setup
@@ -122,19 +123,19 @@ def test_a_recipe_killed_in_its_middle_stage_resumes_there(setup, tiny_base, mon
         return real_sft(*args, **kwargs)
 
     monkeypatch.setattr(module, "warm_start_train", counting_sft)
-    real_sample = module._Training.self_sample
+    real_sample = module.Training.self_sample
 
     def killed(self, stage):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(module._Training, "self_sample", killed)
-    state = module.train_conductor(request, return_state=True)
+    monkeypatch.setattr(module.Training, "self_sample", killed)
+    state = train_conductor(request, return_state=True)
     assert state.is_failed()
     collected = len(ArtifactStore().read_pandas("runs"))
     assert sft_calls == ["warm-start"] and collected == 4
 
-    monkeypatch.setattr(module._Training, "self_sample", real_sample)
-    result = module.train_conductor(request)
+    monkeypatch.setattr(module.Training, "self_sample", real_sample)
+    result = train_conductor(request)
     assert result.resumed_at == "round"
     assert sft_calls == ["warm-start", "round"]  # the warm start was not trained again
     runs = ArtifactStore().read_pandas("runs")
@@ -151,7 +152,7 @@ def test_a_recipe_killed_in_its_middle_stage_resumes_there(setup, tiny_base, mon
     assert run.data.metrics["collect/worker_calls"] == 4
     assert run.data.metrics["total/worker_calls"] == result.ledger[-1].worker_calls
     # finished: the same command now starts a new training
-    again = module.train_conductor(request.model_copy(update={"promote": False}))
+    again = train_conductor(request.model_copy(update={"promote": False}))
     assert again.run_id != result.run_id and again.resumed_at is None
 
 

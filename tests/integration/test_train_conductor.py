@@ -93,8 +93,8 @@ def _request(
 
 
 def _training(request: TrainConductorRequest, run_id: str):
-    """The flow's state of one training (``flows.train_conductor._Training``)."""
-    from prefect_conductor.flows.train_conductor import _Training
+    """The flow's state of one training (``flows._stages.Training``)."""
+    from prefect_conductor.flows._stages import Training as _Training
 
     return _Training(request, run_id, load_pool(request.pool))
 

@@ -129,7 +129,7 @@ def test_the_hint_goes_after_the_instructions_of_either_prompt_style():
 
 def _sampled(monkeypatch, **stage) -> list:
     """The requests one self-sampling stage sends (2 mixed training questions), unrun."""
-    import prefect_conductor.flows.train_conductor as tc
+    import prefect_conductor.flows._stages as tc
     from prefect_conductor.conductor.training.config import StageReport
     from prefect_conductor.conductor.training.recipe import recipe_from_dict
 
@@ -139,7 +139,7 @@ def _sampled(monkeypatch, **stage) -> list:
         {"dataset": "mixed", "seed": 5,
          "stages": [{"kind": "self-sample", "name": "round", "questions": {"limit": 2}, **stage}]}
     )  # fmt: skip
-    training = tc._Training(TrainConductorRequest(recipe=recipe), "run1", POOL)
+    training = tc.Training(TrainConductorRequest(recipe=recipe), "run1", POOL)
     training.current = Path("/adapters/warm-start")
     monkeypatch.setattr(training, "sft", lambda *a, **k: StageReport(stage="round", kind="sft"))
     training.self_sample(recipe.stage("round"))
