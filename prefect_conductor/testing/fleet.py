@@ -136,6 +136,14 @@ def running_on(api_url: str, worker: str) -> int:
     return len(answer.json())
 
 
+def subscribed(api_url: str, worker: str) -> bool:
+    """Whether ``worker``'s task worker holds an open subscription on the Prefect server
+    (Prefect's client id is ``<hostname>-<pid>``, as ``worker`` is)."""
+    answer = httpx.post(f"{api_url}/task_workers/filter", json={}, timeout=30)
+    answer.raise_for_status()
+    return any(w.get("identifier") == worker for w in answer.json())
+
+
 class Serve:
     """One ``conductor serve`` process of the fleet."""
 
@@ -156,6 +164,7 @@ class Serve:
         self.id = (
             f"{socket.gethostname()}-{self.process.pid}"  # prefect_conductor.fleet.fanout.worker_id
         )
+        self.api_url = host_env(host)["PREFECT_API_URL"]
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_S
@@ -164,6 +173,14 @@ class Serve:
                 raise RuntimeError(f"serve exited: {self.log.read_text()[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"serve not ready: {self.log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        # "ready in" is printed before the task worker's subscription is open; a question
+        # sent before it is open goes to the other serve (all 16 once, on a loaded machine).
+        while not subscribed(self.api_url, self.id):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"serve exited: {self.log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve never subscribed: {self.log.read_text()[-2000:]}")
             time.sleep(0.5)
 
     def kill(self) -> None:
