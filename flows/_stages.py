@@ -47,10 +47,16 @@ from prefect_conductor.conductor.training.rewards import ExecutedPlanReward, Rol
 from prefect_conductor.conductor.training.warm_start import warm_start_examples
 from prefect_conductor.flows.best_of_n import QUESTION_FLOWS
 from prefect_conductor.flows.evaluate import evaluate
+from prefect_conductor.reward_model.model import CHAMPION
+from prefect_conductor.reward_model.rewards import (
+    CheckedOrchRMReward,
+    OrchRMReward,
+    order_agreement,
+)
 from prefect_conductor.tasks.artifacts import RunBatch
 from prefect_conductor.tasks.planning import write_plan
 from prefect_conductor.tasks.questions import RunOutcome, run_question
-from prefect_conductor.tasks.registry import resolve_conductor, with_conductor
+from prefect_conductor.tasks.registry import download_registered, resolve_conductor, with_conductor
 from prefect_conductor.tasks.reward_model import score_plans
 from prefect_conductor.tasks.training import EXPERIMENT, grpo_train, warm_start_train
 
@@ -372,12 +378,34 @@ class Training:
             return StageReport(stage=stage.name, kind=stage.kind, steps=0)
         questions = self.questions(stage.questions)
         dataset = stage.questions.dataset or self.recipe.dataset
-        reward = ExecutedPlanReward(self._executor(stage, dataset))
+        execute = self._executor(stage, dataset)
+        if stage.reward == "orchrm":
+            reward = CheckedOrchRMReward(
+                OrchRMReward(stage.orchrm or CHAMPION, self.pool, download_registered),
+                execute,
+                stage.fraction_executed,
+                seed=self.recipe.seed,
+            )
+        else:
+            reward = ExecutedPlanReward(execute)
         outcome = grpo_train(
             self.recipe, stage, self.pool, questions, self.current, reward, self.output_dir,
             self.run_id,
         )  # fmt: skip
         self.current = outcome.adapter_dir
+        if isinstance(reward, CheckedOrchRMReward):
+            checked = [s["executed_reward"] for s in reward.samples if s["executed"]]
+            return StageReport(
+                stage=stage.name,
+                kind=stage.kind,
+                questions=len(questions),
+                sampled=outcome.rollouts,
+                rollouts=len(checked),
+                right=sum(1 for r in checked if r == 1.0),
+                steps=outcome.steps,
+                adapter=str(outcome.adapter_dir),
+                orchrm_agreement=order_agreement(reward.checks),
+            )
         return StageReport(
             stage=stage.name,
             kind=stage.kind,

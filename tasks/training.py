@@ -18,7 +18,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -66,6 +66,9 @@ __all__ = [
 
 EXPERIMENT = "train/conductor"
 MODEL_NAME = "conductor"
+
+if TYPE_CHECKING:
+    from prefect_conductor.reward_model.rewards import CheckedOrchRMReward
 
 
 def _mlflow() -> Any:
@@ -277,11 +280,13 @@ def grpo_train(
     pool: Pool,
     examples: list[Example],
     init_adapter: Path | None,
-    plan_reward: ExecutedPlanReward,
+    plan_reward: ExecutedPlanReward | CheckedOrchRMReward,
     output_dir: Path,
     parent_run_id: str,
 ) -> GrpoOutcome:
-    """TRL ``GRPOTrainer`` + LoRA; the reward executes every rollout's plan."""
+    """TRL ``GRPOTrainer`` + LoRA. ``plan_reward`` executes every rollout's plan
+    (``reward: executed``) or scores it with OrchRM and executes a fraction to check it
+    (``reward: orchrm``)."""
     from datasets import Dataset
     from peft import PeftModel
     from trl import GRPOTrainer
@@ -296,7 +301,8 @@ def grpo_train(
         peft_config = lora_config(recipe)
     reward_funcs: list[Any] = [plan_reward]
     weights = [stage.reward_weights["plan"]]
-    if stage.reward_weights.get("token_cost"):
+    if stage.reward_weights.get("token_cost"):  # the recipe allows it with reward: executed
+        assert isinstance(plan_reward, ExecutedPlanReward)
         reward_funcs.append(TokenCostPenalty(plan_reward))
         weights.append(stage.reward_weights["token_cost"])
     if stage.reward_weights.get("orchrm"):

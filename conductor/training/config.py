@@ -132,6 +132,11 @@ class StageReport(BaseModel):
     accuracy: float | None = None
     format_valid: float | None = None
     adapter: str | None = Field(default=None, description="The adapter the stage wrote.")
+    orchrm_agreement: float | None = Field(
+        default=None,
+        description="GRPO with reward: orchrm: how often OrchRM orders two executed rollouts "
+        "as their outcomes do (0.5 is chance).",
+    )
 
 
 class TrainConductorResult(BaseModel):

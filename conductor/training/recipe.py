@@ -205,6 +205,18 @@ class GrpoStage(_Stage):
         "orchrm: OrchRM's score of the plan.",
     )
     orchrm: str | None = Field(default=None, description="Default models:/orchrm@champion.")
+    reward: Literal["executed", "orchrm"] = Field(
+        default="executed",
+        description="executed: every rollout's plan runs and its outcome is the reward; "
+        "orchrm: OrchRM's score of the plan is the reward, and only execute_fraction of the "
+        "rollouts run, to check OrchRM (its agreement with their outcomes is logged).",
+    )
+    execute_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="With reward: orchrm, the share of rollouts executed (default 0.1).",
+    )
 
     @model_validator(mode="after")
     def _group(self) -> GrpoStage:
@@ -214,8 +226,24 @@ class GrpoStage(_Stage):
                 f"multiple of num_generations ({self.num_generations})"
             )
         if self.reward_weights.get("plan", 0) <= 0:
-            raise ValueError("reward_weights.plan must be > 0 (the executed plan's reward)")
+            raise ValueError("reward_weights.plan must be > 0 (the plan's reward)")
+        if self.reward == "executed" and self.execute_fraction not in (None, 1):
+            raise ValueError("execute_fraction needs reward: orchrm (executed runs every plan)")
+        if self.reward == "orchrm":
+            extra = sorted(k for k in ("token_cost", "orchrm") if self.reward_weights.get(k))
+            if extra:
+                raise ValueError(
+                    f"reward: orchrm scores every plan with OrchRM already; reward_weights "
+                    f"{', '.join(extra)} need every plan executed (reward: executed)"
+                )
         return self
+
+    @property
+    def fraction_executed(self) -> float:
+        """The share of rollouts that run."""
+        if self.reward == "executed":
+            return 1.0
+        return self.execute_fraction if self.execute_fraction is not None else 0.1
 
 
 class EvalStage(_Stage):

@@ -31,6 +31,8 @@ __all__ = [
     "TokenCostPenalty",
     "completion_text",
     "plan_format_reward",
+    "rollouts_of",
+    "trainer_step",
 ]
 
 
@@ -82,6 +84,27 @@ def _column(kwargs: dict[str, Any], name: str, n: int) -> list[Any]:
     return list(values)
 
 
+def rollouts_of(completions: list[Any], kwargs: dict[str, Any]) -> list[Rollout]:
+    """The rollouts of a batch: each completion with its row's dataset columns."""
+    n = len(completions)
+    questions = _column(kwargs, "question", n)
+    ids = _column(kwargs, "question_id", n)
+    references = _column(kwargs, "reference", n)
+    kinds = _column(kwargs, "kind", n)
+    metas = kwargs.get("meta") or [None] * n
+    return [
+        Rollout(q, i, r, k, completion_text(c), _meta(m))
+        for q, i, r, k, c, m in zip(
+            questions, ids, references, kinds, completions, metas, strict=True
+        )
+    ]
+
+
+def trainer_step(kwargs: dict[str, Any]) -> int:
+    """The trainer's global step, from the ``trainer_state`` TRL passes to rewards."""
+    return int(getattr(kwargs.get("trainer_state"), "global_step", 0) or 0)
+
+
 def _meta(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
@@ -117,19 +140,8 @@ class ExecutedPlanReward:
         self, prompts: list[Any], completions: list[Any], **kwargs: Any
     ) -> list[float | None]:
         n = len(completions)
-        questions = _column(kwargs, "question", n)
-        ids = _column(kwargs, "question_id", n)
-        references = _column(kwargs, "reference", n)
-        kinds = _column(kwargs, "kind", n)
-        metas = kwargs.get("meta") or [None] * n
-        state = kwargs.get("trainer_state")
-        step = int(getattr(state, "global_step", 0) or 0)
-        rollouts = [
-            Rollout(q, i, r, k, completion_text(c), _meta(m))
-            for q, i, r, k, c, m in zip(
-                questions, ids, references, kinds, completions, metas, strict=True
-            )
-        ]
+        rollouts = rollouts_of(completions, kwargs)
+        step = trainer_step(kwargs)
         self.last = list(self.execute(rollouts, step))
         if len(self.last) != n:
             raise RuntimeError(f"execute returned {len(self.last)} outcomes for {n} rollouts")

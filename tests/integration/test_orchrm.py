@@ -454,3 +454,35 @@ def _workers(pool: Path) -> str:
     from prefect_conductor.conductor.pool import load_pool
 
     return describe_workers(load_pool(pool))
+
+
+def test_grpo_with_the_orchrm_reward_executes_only_its_fraction_of_the_rollouts(
+    world, tmp_path, tiny_base
+):
+    """Issue #41: ``reward: orchrm`` — OrchRM scores every rollout; a quarter of them run (the
+    runs table of the stage has exactly that many), the rest cost no worker call."""
+    from prefect_conductor.conductor.training.config import TrainConductorRequest
+    from prefect_conductor.conductor.training.recipe import recipe_from_dict
+    from prefect_conductor.flows.train_conductor import train_conductor
+
+    recipe = recipe_from_dict({
+        "dataset": str(world["data"]), "base": str(tiny_base), "heldout": {"limit": 1},
+        "stages": [{"kind": "grpo", "name": "rm-grpo", "max_steps": 2, "num_generations": 2,
+                    "per_device_train_batch_size": 4, "max_completion_length": 16,
+                    "questions": {"limit": 4}, "reward": "orchrm", "execute_fraction": 0.25,
+                    "orchrm": str(world["trained"].model_dir)}],
+    })  # fmt: skip
+    request = TrainConductorRequest(
+        recipe=recipe, pool=str(world["pool"]), promote=False, output_dir=str(tmp_path)
+    )
+    result = train_conductor(request)
+    report = next(s for s in result.stages if s.stage == "rm-grpo")
+    assert report.steps == 2 and report.sampled == 8  # 2 steps x 4 completions
+    assert report.rollouts == 2  # 0.25 of 8, and only those ran
+    runs = ArtifactStore().read_pandas("runs")
+    mine = runs[runs["tags"].map(lambda t: dict(t).get("train_run") == result.run_id)]
+    stage_runs = mine[mine["tags"].map(lambda t: dict(t).get("train_stage") == "rm-grpo")]
+    assert len(stage_runs) == 2
+    ledger = {e.stage: e for e in result.ledger}
+    assert ledger["rm-grpo"].conductor_generations == 8  # every rollout written, 2 executed
+    assert (Path(report.adapter) / "adapter_config.json").is_file()

@@ -62,6 +62,12 @@ def test_set_overrides_a_stage_by_name_or_index_with_yaml_values():
         (["stages.grpo.per_device_train_batch_size=6"], "must be a multiple of num_generations"),
         (["stages.collect.kind=bogus"], "stage 2 (collect): Input tag 'bogus' found using"),
         (["heldout.limit=0"], "heldout.limit: Input should be greater than or equal to 1"),
+        (["stages.grpo.execute_fraction=0.1"], "execute_fraction needs reward: orchrm"),
+        (
+            ["stages.grpo.reward=orchrm", "stages.grpo.reward_weights.token_cost=0.1"],
+            "reward_weights token_cost need every plan executed",
+        ),
+        (["stages.grpo.reward=judge"], "reward: Input should be 'executed' or 'orchrm'"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_recipe_stage_and_field(overrides, message):
@@ -195,3 +201,12 @@ def test_a_self_sample_stage_can_be_guided_by_orchrm():
     assert load_recipe("default").stage("round-1").guide is None  # every plan runs
     with pytest.raises(RecipeError, match=r"stage 4 \(round\): guide.execute: Input should be"):
         load_recipe("default", ["stages.round.guide={execute: 0}"])
+
+
+def test_grpo_with_the_orchrm_reward_executes_a_tenth_unless_told():
+    recipe = load_recipe("grpo", ["stages.grpo.reward=orchrm"])
+    grpo = next(s for s in recipe.stages if s.kind == "grpo")
+    assert grpo.fraction_executed == 0.1
+    told = load_recipe("grpo", ["stages.grpo.reward=orchrm", "stages.grpo.execute_fraction=0.5"])
+    assert next(s for s in told.stages if s.kind == "grpo").fraction_executed == 0.5
+    assert next(s for s in load_recipe("grpo").stages if s.kind == "grpo").fraction_executed == 1
