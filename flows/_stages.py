@@ -121,6 +121,15 @@ def _logger() -> Any:
         return logging.getLogger(__name__)
 
 
+def trained_questions() -> set[str]:
+    """The questions of every run a training stored (tagged ``train_run``)."""
+    runs = ArtifactStore().read_pandas("runs", columns=["question", "tags"])
+    if runs.empty:
+        return set()
+    trained = runs["tags"].map(lambda t: "train_run" in dict(t if t is not None else ()))
+    return set(runs.loc[trained, "question"])
+
+
 class Training:
     """One training's state while its stages run: the recipe, the pool, the MLflow run,
     the current adapter and the questions used so far."""
@@ -162,11 +171,12 @@ class Training:
             )
         examples = load_dataset(dataset, split=q.split, seed=self.recipe.seed)
         held = {e.question for e in self.heldout}
+        sampled = trained_questions() if q.fresh == "store" else set()
         chosen = []
         for e in examples:
             if e.question in held or any(e.meta.get(k) != v for k, v in q.where.items()):
                 continue
-            if q.fresh and e.id in self.used:
+            if q.fresh and (e.id in self.used or e.question in sampled):
                 continue
             chosen.append(e)
             if len(chosen) == q.limit:
@@ -175,7 +185,8 @@ class Training:
             raise ConductorError(
                 f"no training question left in {dataset}/{q.split}"
                 + (f" where {q.where}" if q.where else "")
-                + (" that an earlier stage did not use" if q.fresh else "")
+                + (" that an earlier stage did not use" if q.fresh is True else "")
+                + (" that no earlier training sampled" if q.fresh == "store" else "")
             )
         return chosen
 

@@ -90,10 +90,11 @@ class Questions(BaseModel):
         default_factory=dict,
         description="Keep examples whose meta has these values, e.g. {level: 1}.",
     )
-    fresh: bool = Field(
+    fresh: bool | Literal["store"] = Field(
         default=True,
-        description="Skip questions an earlier stage of this training used (rounds walk "
-        "through the split in its order instead of naming offsets).",
+        description="true: skip questions an earlier stage of this training used (rounds "
+        "walk through the split in its order instead of naming offsets); store: also those "
+        "any earlier training sampled (the improvement loop's rounds).",
     )
 
 
