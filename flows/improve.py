@@ -27,7 +27,7 @@ from prefect_conductor.conductor.training.improve import (
 from prefect_conductor.conductor.training.ledger import LedgerEntry, ledger_total
 from prefect_conductor.flows.train_conductor import train_conductor
 from prefect_conductor.flows.train_reward_model import train_reward_model
-from prefect_conductor.reward_model.model import RewardModelRequest
+from prefect_conductor.reward_model.model import RewardModelRequest, loop_settings
 from prefect_conductor.tasks.improve import (
     finish_iteration_run,
     start_iteration_run,
@@ -66,6 +66,7 @@ def _stop(state: ImproveState, iteration: ImproveIteration, why: str) -> Improve
 def improve(request: ImproveRequest | None = None) -> ImproveIteration:
     """One iteration: stored runs → pairs → OrchRM → an OrchRM-guided round → promotion."""
     request = request or ImproveRequest()
+    loop_settings(request.reward_model)  # a bad setting: one line, before anything runs
     log = get_run_logger()
     state = ImproveState.load()
     iteration = _begin(request, state)

@@ -4,7 +4,7 @@
     result = pc.run("What is 17 + 25?")       # the embedded local pool: no key, no network
     print(result.answer)                      # 42
 
-``run``, ``evaluate`` and ``train`` are what the ``conductor`` command calls
+``run``, ``evaluate``, ``train`` and ``improve`` are what the ``conductor`` command calls
 (:mod:`prefect_conductor.api`). The repository keeps the design card's folders; they install
 under this one import name (issue #39): ``prefect_conductor.conductor`` (the pure core),
 ``.reward_model`` (OrchRM), ``.tasks`` (Prefect tasks: every I/O), ``.flows`` (Prefect flows).
@@ -20,6 +20,7 @@ from prefect_conductor.api import (
     Pool,
     RunResult,
     evaluate,
+    improve,
     load_pool,
     pool_from_dict,
     run,
@@ -32,6 +33,7 @@ __all__ = [
     "Pool",
     "RunResult",
     "evaluate",
+    "improve",
     "load_pool",
     "pool_from_dict",
     "run",

@@ -38,6 +38,7 @@ __all__ = [
     "Pool",
     "RunResult",
     "evaluate",
+    "improve",
     "load_pool",
     "pool_from_dict",
     "run",
@@ -211,4 +212,38 @@ def train(
         **options,
     )
     result: TrainConductorResult = _call(flow, request, TrainConductorResult)
+    return result
+
+
+def improve(
+    recipe: str | Path = "improve",
+    *,
+    pool: PoolArg = None,
+    settings: dict[str, Any] | None = None,
+    reward_model: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """One iteration of the improvement loop (``conductor improve``): the runs stored since
+    the last iteration -> OrchRM's pairs -> OrchRM retrained -> an OrchRM-guided round from
+    the champion conductor (``recipe``, ``settings`` as ``--set``) -> promoted if better.
+    ``reward_model``: OrchRM's training settings (``{"max_steps": 60}``); ``options`` the
+    request's own (``min_new_runs``, ``promote``). Returns an ``ImproveIteration``."""
+    from prefect_conductor.conductor.training.improve import ImproveIteration, ImproveRequest
+    from prefect_conductor.flows.improve import improve as flow
+    from prefect_conductor.reward_model.model import loop_settings
+
+    loop_settings(reward_model or {})  # a bad setting: one line, before the flow starts
+
+    overrides = [
+        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in (settings or {}).items()
+    ]
+    request = _checked(
+        ImproveRequest,
+        recipe=str(recipe),
+        overrides=overrides,
+        pool=_pool_file(pool),
+        reward_model=reward_model or {},
+        **options,
+    )
+    result: ImproveIteration = _call(flow, request, ImproveIteration)
     return result

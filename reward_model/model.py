@@ -321,6 +321,30 @@ def load_reward_model(ref: str, download: Download | None = None) -> OrchRM:
         return _LOADED[key]
 
 
+#: What the improvement loop sets itself in OrchRM's request (its window, pool, promotion).
+LOOP_FIELDS = frozenset({"since", "pool", "promote"})
+
+
+def loop_settings(settings: dict[str, Any]) -> RewardModelRequest:
+    """OrchRM's request from the improvement loop's ``reward_model`` settings, or one line
+    naming the unknown or bad setting (``RewardModelError``)."""
+    from pydantic import ValidationError
+
+    known = set(RewardModelRequest.model_fields) - LOOP_FIELDS
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise RewardModelError(
+            f"reward_model: unknown OrchRM setting {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    try:
+        return RewardModelRequest(**settings)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(map(str, err["loc"]))
+        raise RewardModelError(f"reward_model.{field}: {err['msg']}") from None
+
+
 class RewardModelResult(BaseModel):
     """What ``conductor train-rm --json`` prints."""
 

@@ -30,7 +30,12 @@ from prefect_conductor.cli.common import (
     load_pool_option,
 )
 from prefect_conductor.cli.help import ConductorCommand, ConductorGroup
-from prefect_conductor.cli.train import recipes_cmd, train_conductor_cmd, train_rm_cmd
+from prefect_conductor.cli.train import (
+    improve_cmd,
+    recipes_cmd,
+    train_conductor_cmd,
+    train_rm_cmd,
+)
 from prefect_conductor.conductor.errors import ConductorError, PlanError
 from prefect_conductor.conductor.question import check_question
 from prefect_conductor.conductor.terminal import TerminalFormatter, for_terminal
@@ -420,6 +425,7 @@ def validate(
 app.command("train-conductor", cls=ConductorCommand)(train_conductor_cmd)
 app.command("train-rm", cls=ConductorCommand)(train_rm_cmd)
 app.command("recipes", cls=ConductorCommand)(recipes_cmd)
+app.command("improve", cls=ConductorCommand)(improve_cmd)
 
 
 @artifacts_app.callback()

@@ -1,4 +1,5 @@
-"""The training commands: ``conductor train-conductor`` and ``conductor train-rm``.
+"""The training commands: ``conductor train-conductor``, ``conductor train-rm`` and
+``conductor improve``.
 
 Plain functions, registered on the app by ``prefect_conductor.cli.app``; each loads its flow only
 when run.
@@ -23,7 +24,7 @@ from prefect_conductor.cli.common import (
     load_pool_option,
 )
 
-__all__ = ["recipes_cmd", "train_conductor_cmd", "train_rm_cmd"]
+__all__ = ["improve_cmd", "recipes_cmd", "train_conductor_cmd", "train_rm_cmd"]
 
 
 def train_conductor_cmd(
@@ -264,3 +265,90 @@ def train_rm_cmd(
     if result.trained:
         for key, value in result.model_dump(exclude={"message"}).items():
             print(f"  {key:<38} {value}")
+
+
+def improve_cmd(
+    recipe: Annotated[
+        str, typer.Option(help="The conductor's round: a built-in recipe or a YAML file.")
+    ] = "improve",
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="A recipe setting, KEY=VALUE (repeatable).", show_default=False),
+    ] = None,
+    min_new_runs: Annotated[
+        int, typer.Option(help="Fewer runs stored since the last iteration: stop.")
+    ] = 50,
+    rm_set: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--rm-set",
+            help="An OrchRM training setting (train-rm's fields), KEY=VALUE (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    no_promote: Annotated[
+        bool, typer.Option("--no-promote", help="Register candidates only.")
+    ] = False,
+    pool: PoolOpt = None,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """One iteration of the loop: stored runs -> pairs -> OrchRM -> a guided round -> promotion."""
+    import yaml
+
+    from prefect_conductor.conductor.training.improve import ImproveIteration, ImproveRequest
+
+    load_pool_option(pool)
+    settings = {}
+    for item in rm_set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--rm-set {item!r}: expected KEY=VALUE")
+        settings[key] = yaml.safe_load(value)
+    from prefect_conductor.conductor.errors import ConductorError
+    from prefect_conductor.reward_model.model import loop_settings
+
+    try:
+        loop_settings(settings)
+    except ConductorError as exc:
+        fail(str(exc))
+    request = build_request(
+        ImproveRequest,
+        recipe=recipe,
+        overrides=list(set_ or []),
+        min_new_runs=min_new_runs,
+        reward_model=settings,
+        promote=not no_promote,
+        pool=str(pool) if pool else None,
+    )
+    from prefect_conductor.flows.improve import improve
+
+    result = call_long_flow(improve, request, ImproveIteration, "iteration")
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json")))
+        return
+    print(
+        f"iteration {result.iteration}: {result.runs.total} runs since "
+        f"{result.since or 'the start'}"
+        f" ({result.runs.unreferenced} without a reference)"
+    )
+    if result.stopped:
+        print(result.stopped)
+        return
+    print(f"pairs: {result.pairs_new} new, by source {result.pairs_by_source}")
+    print(
+        f"OrchRM: {'trained' if result.orchrm_trained else 'not trained'}"
+        f"{', promoted' if result.orchrm_promoted else ''}"
+    )
+    before = f"{result.accuracy_before:.3f}" if result.accuracy_before is not None else "-"
+    after = f"{result.accuracy_after:.3f}" if result.accuracy_after is not None else "-"
+    print(
+        f"conductor: {before} -> {after} ({result.conductor_uri}"
+        f"{', promoted' if result.conductor_promoted else ', not promoted'})"
+    )
+    total = result.ledger[-1] if result.ledger else None
+    if total is not None:
+        print(
+            f"ledger: {total.worker_calls} worker calls, {total.input_tokens} + "
+            f"{total.output_tokens} tokens, ${total.cost_usd:.4f}, {total.wall_s:.0f} s"
+        )

@@ -162,3 +162,27 @@ def test_runs_without_a_reference_give_only_label_free_pairs(tmp_path, monkeypat
     assert not iteration.orchrm_trained
     assert iteration.stopped == "no OrchRM champion to guide the round: nothing trained"
     assert json.loads(json.dumps(iteration.model_dump(mode="json")))["finished"] is True
+
+
+def test_cli_improve_on_an_empty_store_says_so_and_a_bad_setting_is_one_line(tmp_path):
+    from tests.local_cli import run_cli
+
+    proc = run_cli(tmp_path, "improve", "--min-new-runs", "5")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == (
+        "too little new data: 0 runs stored since the first run, fewer than min_new_runs 5; "
+        "nothing trained"
+    )
+    proc = run_cli(tmp_path, "improve", "--rm-set", "max_stepz=3")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "unknown OrchRM setting max_stepz" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_the_python_api_runs_an_iteration(tmp_path, monkeypatch, tiny_base):
+    import prefect_conductor as pc
+
+    data, pool, _ = training_world(tmp_path, monkeypatch, tiny_base, TRAIN, TEST)
+    first = pc.improve(str(_recipe(tmp_path, data, tiny_base)), pool=pool, min_new_runs=3)
+    assert first.iteration == 1 and first.stopped.startswith("too little new data: 0 runs")
+    with pytest.raises(pc.ConductorError, match="unknown OrchRM setting"):
+        pc.improve(pool=pool, reward_model={"max_stepz": 3})

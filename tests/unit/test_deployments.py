@@ -198,3 +198,23 @@ def test_every_deployment_runs_with_the_offline_defaults():
         for key, value in OFFLINE_DEFAULTS.items():
             if key != "PREFECT_SERVER_ANALYTICS_ENABLED":  # the server's, not the run's
                 assert env[key] == value, (deployment["name"], key)
+
+
+def test_the_improve_loop_runs_weekly_and_its_parameters_pass_the_schema():
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    loop = {d["name"]: d for d in _deployments()}["improve"]
+    (schedule,) = loop["schedules"]
+    CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])  # raises if invalid
+    minute, hour, day, month, weekday = schedule["cron"].split()
+    assert (day, month) == ("*", "*") and weekday.isdigit()  # once a week
+    flow = load_flow_from_entrypoint(loop["entrypoint"])
+    assert (
+        validate(loop["parameters"], parameter_schema(flow).model_dump(), raise_on_error=False)
+        == []
+    )
+    request = flow.validate_parameters(loop["parameters"])["request"]
+    assert request.recipe == "improve" and request.promote and request.min_new_runs >= 1
+    assert request.reward_model["min_pairs"] == 64
