@@ -55,9 +55,11 @@ from prefect_conductor.tasks.artifacts import (
     publish_answer,
     publish_plan,
     publish_steps,
+    run_tables,
     save_run,
     store_root,
 )
+from prefect_conductor.tasks.assets import writing
 from prefect_conductor.tasks.planning import write_plan
 from prefect_conductor.tasks.questions import RunOutcome
 from prefect_conductor.tasks.recursion import Execution, NestedRoundError, RunIds, conductor_step
@@ -507,7 +509,8 @@ def orchestrate(request: OrchestrateRequest) -> RunResult | State:
     run_id = str(flow_run.id or hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32])
     done = _run_request(request, run_id, _flow_logger, publish=True)
     # Storing the rows and publishing the UI table overlap: both are I/O after the last step.
-    saved = save_run.submit(done.run, done.records, request.artifacts or artifacts_location())
+    root = request.artifacts or artifacts_location()
+    saved = writing(save_run, run_tables(root)).submit(done.run, done.records, root)
     if done.records:
         publish_steps(done.records)
     result = _run_result(done, saved.result())

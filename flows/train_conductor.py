@@ -51,11 +51,15 @@ from prefect_conductor.conductor.training.ledger import LedgerEntry, ledger_tota
 from prefect_conductor.conductor.training.progress import FinishedStage, Progress
 from prefect_conductor.conductor.training.recipe import (
     EvalStage,
+    GrpoStage,
+    Recipe,
     SelfSampleStage,
     recipe_digest,
 )
 from prefect_conductor.flows._stages import Training, training_pool
+from prefect_conductor.reward_model.model import CHAMPION
 from prefect_conductor.tasks.artifacts import ledger_artifact
+from prefect_conductor.tasks.assets import model_ref_asset, record_model_version, table_asset
 from prefect_conductor.tasks.training import (
     champion_exists,
     champion_needs_eval,
@@ -163,6 +167,13 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         registration = register_conductor(
             run_id, final, after.accuracy, signature, request.promote, incumbent_acc
         )
+        record_model_version(
+            "conductor",
+            registration.version,
+            _upstream(recipe),
+            {"mlflow_run": run_id, "recipe": recipe.name, "heldout_accuracy": after.accuracy,
+             "promoted": registration.promoted},
+        )  # fmt: skip
         status = "FINISHED"
     finally:
         wall = time.perf_counter() - started
@@ -214,6 +225,23 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         stages=reports,
         ledger=[*ledger, total],
     )
+
+
+def _upstream(recipe: Recipe) -> list[str]:
+    """What a conductor version is made from (its assets' upstream): the runs and steps the
+    training stored, the conductor it started from, and every OrchRM that chose its plans or
+    gave its reward."""
+    upstream = [table_asset("runs"), table_asset("steps")]
+    if recipe.init_adapter:
+        upstream.append(model_ref_asset(recipe.init_adapter))
+    for stage in recipe.stages:
+        if isinstance(stage, SelfSampleStage) and stage.guide is not None:
+            upstream.append(model_ref_asset(stage.guide.orchrm))
+        if isinstance(stage, GrpoStage) and (
+            stage.reward == "orchrm" or stage.reward_weights.get("orchrm")
+        ):
+            upstream.append(model_ref_asset(stage.orchrm or CHAMPION))
+    return list(dict.fromkeys(upstream))
 
 
 def _heldout_eval(training: Training, report: StageReport) -> bool:

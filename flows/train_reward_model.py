@@ -21,6 +21,7 @@ from prefect.runtime import flow_run
 from prefect_conductor.conductor.home import conductor_home
 from prefect_conductor.conductor.pool import load_pool
 from prefect_conductor.reward_model.model import MODEL_NAME, RewardModelRequest, RewardModelResult
+from prefect_conductor.tasks.assets import record_model_version, table_asset, writing
 from prefect_conductor.tasks.reward_model import (
     build_reward_pairs,
     champion_ref,
@@ -78,7 +79,9 @@ def train_reward_model(request: RewardModelRequest) -> RewardModelResult:
     run_id = start_rm_run(request, {"prefect_flow_run": pair_set})
     status, metrics = "FAILED", {}
     try:
-        store_pairs(built, request.artifacts)
+        runs_tables = [table_asset(t, request.artifacts) for t in ("runs", "steps")]
+        pairs_table = table_asset("pairs", request.artifacts)
+        writing(store_pairs, [pairs_table], runs_tables)(built, request.artifacts)
         output_dir = Path(request.output_dir or conductor_home() / "training" / run_id).resolve()
         model_dir, train_metrics = train_on_pairs(request, built.train, output_dir, run_id)
         metrics.update(train_metrics)
@@ -98,6 +101,13 @@ def train_reward_model(request: RewardModelRequest) -> RewardModelResult:
             champion is not None,
             request.promote,
         )
+        record_model_version(
+            MODEL_NAME,
+            registration.version,
+            [pairs_table],
+            {"mlflow_run": run_id, "pairwise_accuracy": accuracy.overall,
+             "promoted": registration.promoted, "pair_set": pair_set},
+        )  # fmt: skip
         status = "FINISHED"
         measured = (
             f"pairwise accuracy {accuracy.overall:.3f} on {accuracy.pairs} held-out pairs"

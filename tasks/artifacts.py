@@ -34,6 +34,7 @@ from prefect_conductor.conductor.data.records import RunRecord, StepRecord
 from prefect_conductor.conductor.data.store import ArtifactStore
 from prefect_conductor.conductor.plan.requests import EvalResult, RunResult
 from prefect_conductor.conductor.plan.workflow import Workflow
+from prefect_conductor.tasks.assets import table_asset, writing
 from prefect_conductor.tasks.tracking import retry_unless_unreachable
 from tqdm import tqdm
 
@@ -95,6 +96,11 @@ def save_runs(
     return store.root
 
 
+def run_tables(root: str | None) -> list[str]:
+    """The assets ``save_run`` and ``save_runs`` write: the ``runs`` and ``steps`` tables."""
+    return [table_asset("runs", root), table_asset("steps", root)]
+
+
 def store_root(root: str | None = None) -> str:
     """The root ``save_run`` reports for ``root``, without writing anything."""
     return ArtifactStore(root).root
@@ -137,7 +143,8 @@ class RunBatch:
             return
         runs, steps = self._runs, self._steps
         self._runs, self._steps, self._oldest = [], [], None
-        self._writes.append(save_runs.submit(runs, steps, self.root, len(runs)))
+        writer = writing(save_runs, run_tables(self.root))
+        self._writes.append(writer.submit(runs, steps, self.root, len(runs)))
 
     def close(self) -> int:
         """Store what is left and wait for every write (a failed one raises); the number of

@@ -130,6 +130,55 @@ def test_the_loop_resumes_a_killed_iteration_then_improves_again_then_stops(
     assert tracked.data.metrics["runs"] == 20
     assert tracked.data.metrics["total/worker_calls"] == ledger["total"].worker_calls
 
+    # Lineage, read back through the Prefect API: conductor -> OrchRM -> pairs -> runs.
+    from prefect_conductor.tasks.assets import model_asset, table_asset
+
+    conductor = model_asset("conductor", second.conductor_uri.rsplit("/", 1)[-1])
+    orchrm = model_asset("orchrm", first.orchrm_uri.rsplit("/", 1)[-1])  # the champion
+    runs_table, pairs_table = table_asset("runs"), table_asset("pairs")
+    upstream = _materialized({conductor, orchrm, pairs_table, runs_table})
+    assert {runs_table, table_asset("steps"), orchrm} <= upstream[conductor]
+    assert upstream[orchrm] == {pairs_table}
+    assert {runs_table, table_asset("steps")} == upstream[pairs_table]
+    assert runs_table in upstream  # materialised by the tasks that store runs
+
+
+def _materialized(keys: set[str], timeout_s: float = 60) -> dict[str, set[str]]:
+    """Each asset's upstream assets, from the Prefect server's materialisation events (they
+    are sent asynchronously: waited for until every key in ``keys`` has one)."""
+    import asyncio
+    import time
+
+    from prefect.client.orchestration import get_client
+
+    async def read() -> list[dict]:
+        body = {
+            "filter": {
+                "event": {"name": ["prefect.asset.materialization.succeeded"]},
+                "occurred": {"since": "2020-01-01T00:00:00Z"},
+            },
+            "limit": 50,
+        }
+        async with get_client() as client:
+            page = (await client._client.post("/events/filter", json=body)).json()
+            events = page["events"]
+            while page.get("next_page") and len(events) < 2000:
+                page = (await client._client.get(page["next_page"])).json()
+                events += page["events"]
+            return events  # fmt: skip
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        upstream: dict[str, set[str]] = {}
+        for event in asyncio.run(read()):
+            key = event["resource"]["prefect.resource.id"]
+            assets = {r["prefect.resource.id"] for r in event.get("related", [])
+                      if r.get("prefect.resource.role") == "asset"}  # fmt: skip
+            upstream.setdefault(key, set()).update(assets)
+        if keys <= set(upstream) or time.monotonic() > deadline:
+            return upstream
+        time.sleep(1)
+
 
 PLAN_OK = 'model_id = ["oracle"]\nsubtasks = ["Answer the question."]\naccess_list = [[]]'
 PLAN_BROKEN = 'model_id = ["broken"]\nsubtasks = ["Answer the question."]\naccess_list = [[]]'
