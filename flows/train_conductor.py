@@ -170,7 +170,7 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
         record_model_version(
             "conductor",
             registration.version,
-            _upstream(recipe),
+            lambda: _upstream(recipe),
             {"mlflow_run": run_id, "recipe": recipe.name, "heldout_accuracy": after.accuracy,
              "promoted": registration.promoted},
         )  # fmt: skip

@@ -104,7 +104,7 @@ def train_reward_model(request: RewardModelRequest) -> RewardModelResult:
         record_model_version(
             MODEL_NAME,
             registration.version,
-            [pairs_table],
+            lambda: [pairs_table],
             {"mlflow_run": run_id, "pairwise_accuracy": accuracy.overall,
              "promoted": registration.promoted, "pair_set": pair_set},
         )  # fmt: skip

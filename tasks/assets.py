@@ -16,11 +16,11 @@ resources are its upstream assets.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.assets import add_asset_metadata
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import MaterializingTask, Task
@@ -98,9 +98,15 @@ def _record(key: str, metadata: dict[str, Any]) -> str:
 
 
 def record_model_version(
-    name: str, version: str, deps: Sequence[str], metadata: dict[str, Any]
-) -> str:
-    """Materialise model version ``name``/``version`` as an asset whose upstream is
-    ``deps`` (right after the task that registered it); returns its key."""
-    key = model_asset(name, version)
-    return writing(_record, [key], deps)(key, {"name": name, "version": version, **metadata})
+    name: str, version: str, upstream: Callable[[], Sequence[str]], metadata: dict[str, Any]
+) -> str | None:
+    """Materialise model version ``name``/``version`` as an asset whose upstream is what
+    ``upstream()`` names (right after the task that registered it); returns its key. Lineage
+    never costs the model it describes: a failure is one warning, and None."""
+    try:
+        key = model_asset(name, version)
+        task = writing(_record, [key], upstream())
+        return task(key, {"name": name, "version": version, **metadata})
+    except Exception as exc:  # noqa: BLE001 - the model is registered; say what is missing
+        get_run_logger().warning("lineage of %s version %s not recorded: %s", name, version, exc)
+        return None
