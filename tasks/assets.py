@@ -16,6 +16,7 @@ resources are its upstream assets.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -108,5 +109,14 @@ def record_model_version(
         task = writing(_record, [key], upstream())
         return task(key, {"name": name, "version": version, **metadata})
     except Exception as exc:  # noqa: BLE001 - the model is registered; say what is missing
-        get_run_logger().warning("lineage of %s version %s not recorded: %s", name, version, exc)
+        _logger().warning("lineage of %s version %s not recorded: %s", name, version, exc)
         return None
+
+
+def _logger() -> Any:
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
