@@ -37,6 +37,8 @@ CAPITALS = Topic(
         "What is the capital city of {}?",
         "Which city is the capital of {}?",
         "Name the capital of {}.",
+        "Tell me which city is the capital of {}.",
+        "{}: name its capital city.",
     ),
     (
         ("Japan", "Tokyo"),
@@ -84,6 +86,8 @@ OPPOSITES = Topic(
         "What is the opposite of {}?",
         "What word means the opposite of {}?",
         'Give the opposite of the word "{}".',
+        "Name a word opposite in meaning to {}.",
+        "{}: what is its opposite?",
     ),
     (
         ("hot", "cold"),
@@ -127,6 +131,8 @@ PLURALS = Topic(
         "What is the plural of {}?",
         'What is the plural form of the word "{}"?',
         'Give the plural of "{}".',
+        "Write the plural of {}.",
+        "{}: what is its plural?",
     ),
     (
         ("mouse", "mice"),
@@ -168,6 +174,8 @@ CURRENCIES = Topic(
         "What is the currency of {}?",
         "Which currency is used in {}?",
         "Name the money used in {}.",
+        "What currency do they use in {}?",
+        "{}: which currency do people pay with?",
     ),
     (
         ("Japan", "yen"),

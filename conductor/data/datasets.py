@@ -54,11 +54,13 @@ from prefect_conductor.conductor.question import QuestionError, check_question
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "ARITHMETIC_PHRASINGS",
     "ARITHMETIC_SIZES",
     "BUILTIN_DATASETS",
     "HUMANEVAL_INSTRUCTION",
     "MIXED_DOMAINS",
     "MIXED_SIZES",
+    "PROGRAM_PHRASINGS",
     "PROGRAM_QUESTION",
     "DatasetError",
     "Example",
@@ -72,6 +74,28 @@ ARITHMETIC_SIZES = {"test": 200, "train": 1000}
 MIXED_SIZES = {"test": 200, "train": 800}
 MIXED_DOMAINS = ("arithmetic", "program", "knowledge", "word")
 PROGRAM_QUESTION = "What does this program print?\n\n```python\n{}\n```"
+#: The mixed set's train split asks arithmetic and programs in these phrasings too (issue #40,
+#: point 6: route by what a question needs, not by its template); [0] is the test split's, the
+#: measured one. Chosen per question by a draw of its own, so the numbers and programs drawn
+#: do not change. Our held-out sets use wordings that none of these use.
+ARITHMETIC_PHRASINGS = (
+    "What is {}?",
+    "Compute {}.",
+    "Calculate {}.",
+    "Evaluate the expression {}.",
+    "{} equals what?",
+    "Solve {}.",
+    "What number is {}?",
+    "What do you get for {}?",
+)
+PROGRAM_PHRASINGS = (
+    PROGRAM_QUESTION,
+    "What is the output of this code?\n\n```python\n{}\n```",
+    "Tell me what this Python prints.\n\n```python\n{}\n```",
+    "Run this and report what it prints:\n\n```python\n{}\n```",
+    "```python\n{}\n```\n\nWhat does the code above print?",
+    "Here is some code.\n\n```python\n{}\n```\n\nWhat does it print?",
+)
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Return the whole function in a ```python block.\n\n"
 )
@@ -366,6 +390,8 @@ def _generate_mixed(
             raise DatasetError(f"mixed: no fresh {domain} question after {_MAX_TRIES} draws")
         counts[domain] += 1
         seen.add(question)
+        if split != "test":
+            question = _rephrased(question, domain, meta, random.Random(f"phrasing:{seed}:{i}"))
         examples.append(
             Example(
                 id=f"mixed/{split}/{i}",
@@ -376,6 +402,15 @@ def _generate_mixed(
             )
         )
     return examples
+
+
+def _rephrased(question: str, domain: str, meta: dict[str, Any], rng: random.Random) -> str:
+    """A train question in one of its domain's phrasings (dedup ran on the measured one)."""
+    if domain == "arithmetic":
+        return rng.choice(ARITHMETIC_PHRASINGS).format(meta["expression"])
+    if domain == "program":
+        return rng.choice(PROGRAM_PHRASINGS).format(meta["program"])
+    return question
 
 
 def _mixed(split: str, seed: int) -> list[Example]:

@@ -16,11 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from prefect_conductor.conductor.data.datasets import (
+    ARITHMETIC_PHRASINGS,
     ARITHMETIC_SIZES,
     BUILTIN_DATASETS,
     HUMANEVAL_INSTRUCTION,
     MIXED_DOMAINS,
     MIXED_SIZES,
+    PROGRAM_PHRASINGS,
     DatasetError,
     Example,
     load_dataset,
@@ -195,8 +197,29 @@ def test_mixed_arithmetic_and_word_references_come_from_the_tree(mixed):
             assert e.meta["level"] == 3
             assert all(n in e.question for n in numbers)  # every operand is in the text
             assert not re.search(r"\d\s*[-+*/]\s*\d", e.question)  # but no expression
-        else:
+        elif e in mixed["test"]:  # the measured phrasing
             assert e.question == f"What is {e.meta['expression']}?"
+        else:  # train: any phrasing of the expression, exactly as written
+            assert e.question in {p.format(e.meta["expression"]) for p in ARITHMETIC_PHRASINGS}
+
+
+def test_mixed_train_asks_in_many_phrasings_and_test_in_the_measured_one(mixed):
+    """Issue #40, point 6: route by need, not by template; test keeps its phrasing."""
+    for domain, phrasings, key in (
+        ("arithmetic", ARITHMETIC_PHRASINGS, "expression"),
+        ("program", PROGRAM_PHRASINGS, "program"),
+    ):
+        train = [e for e in mixed["train"] if e.meta["domain"] == domain]
+        used = {p for e in train for p in phrasings if e.question == p.format(e.meta[key])}
+        assert len(used) == len(phrasings)  # every phrasing is drawn
+        test = [e for e in mixed["test"] if e.meta["domain"] == domain]
+        assert all(e.question == phrasings[0].format(e.meta[key]) for e in test)
+
+    # the same numbers as before phrasings existed: dedup and draws ran on the measured one
+    def expressions(split: str) -> set[str]:
+        return {e.meta["expression"] for e in mixed[split] if e.meta["domain"] == "arithmetic"}
+
+    assert not expressions("train") & expressions("test")
 
 
 def test_mixed_knowledge_facts_are_disjoint_in_phrasing(mixed):
