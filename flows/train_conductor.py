@@ -31,6 +31,7 @@ the local pool). A worse first candidate never becomes champion (issue #18).
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ from prefect_conductor.reward_model.model import CHAMPION
 from prefect_conductor.tasks.artifacts import ledger_artifact
 from prefect_conductor.tasks.assets import model_ref_asset, record_model_version, table_asset
 from prefect_conductor.tasks.training import (
+    Registration,
     champion_exists,
     champion_needs_eval,
     finish_training_run,
@@ -84,7 +86,7 @@ def _begin(request: TrainConductorRequest, digest: str) -> tuple[Progress, str |
     if previous is not None and not previous.finished:
         resume_training_run(previous.run_id)
         names = [s.name for s in request.recipe.stages]
-        at = next((n for n in names if previous.done(n) is None), names[-1])
+        at = next((n for n in names if previous.done(n) is None), "registration")
         return previous, at
     run_id = start_training_run(request, {"flow_run_id": str(flow_run.id or ""), "digest": digest})
     progress = Progress(run_id=run_id, digest=digest, recipe=request.recipe.name)
@@ -158,22 +160,29 @@ def train_conductor(request: TrainConductorRequest) -> TrainConductorResult:
             f"{training.heldout_dataset}/{recipe.heldout.split}/{recipe.heldout.limit}/"
             f"{recipe.seed}"
         )
-        incumbent_acc = None
-        if request.promote:
-            t0 = time.perf_counter()
-            incumbent_acc = _incumbent_accuracy(training, signature, before)
-            if "incumbent" in training.evals:
-                ledger.append(training.ledger("incumbent", time.perf_counter() - t0))
-        registration = register_conductor(
-            run_id, final, after.accuracy, signature, request.promote, incumbent_acc
-        )
-        record_model_version(
-            "conductor",
-            registration.version,
-            lambda: _upstream(recipe),
-            {"mlflow_run": run_id, "recipe": recipe.name, "heldout_accuracy": after.accuracy,
-             "promoted": registration.promoted},
-        )  # fmt: skip
+        if progress.registration is not None:  # killed after registering: not again
+            registration = Registration(**progress.registration)
+            ledger += [progress.incumbent] if progress.incumbent else []
+        else:
+            incumbent_acc = None
+            if request.promote:
+                t0 = time.perf_counter()
+                incumbent_acc = _incumbent_accuracy(training, signature, before)
+                if "incumbent" in training.evals:
+                    progress.incumbent = training.ledger("incumbent", time.perf_counter() - t0)
+                    ledger.append(progress.incumbent)
+            registration = register_conductor(
+                run_id, final, after.accuracy, signature, request.promote, incumbent_acc
+            )
+            progress.registration = asdict(registration)
+            progress.save()
+            record_model_version(
+                "conductor",
+                registration.version,
+                lambda: _upstream(recipe),
+                {"mlflow_run": run_id, "recipe": recipe.name,
+                 "heldout_accuracy": after.accuracy, "promoted": registration.promoted},
+            )  # fmt: skip
         status = "FINISHED"
     finally:
         wall = time.perf_counter() - started

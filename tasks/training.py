@@ -124,9 +124,19 @@ def start_training_run(request: TrainConductorRequest, tags: dict[str, str]) -> 
     retry_condition_fn=retry_unless_unreachable,
 )
 def resume_training_run(run_id: str) -> None:
-    """Mark the MLflow run of a killed training running again: it goes on in the same run."""
+    """Mark the MLflow run of a killed training running again: it goes on in the same run.
+    The stage runs the kill left RUNNING (an SFT or GRPO stage mid-way) end as KILLED: the
+    resumed stage opens a new one."""
     with tracking_server(f"resume run {run_id}"):
-        _mlflow().MlflowClient().update_run(run_id, status="RUNNING")
+        client = _mlflow().MlflowClient()
+        run = client.get_run(run_id)
+        orphans = client.search_runs(
+            [run.info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'",
+        )
+        for orphan in orphans:
+            client.set_terminated(orphan.info.run_id, status="KILLED")
+        client.update_run(run_id, status="RUNNING")
 
 
 @task(

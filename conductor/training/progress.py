@@ -32,6 +32,14 @@ class Progress(BaseModel):
     digest: str
     recipe: str
     stages: list[FinishedStage] = Field(default_factory=list)
+    registration: dict | None = Field(
+        default=None,
+        description="The registered version (version, champion_accuracy, promoted), once "
+        "registered: a training killed after it does not register twice.",
+    )
+    incumbent: LedgerEntry | None = Field(
+        default=None, description="The incumbent's eval, in the ledger, once registered."
+    )
     finished: bool = False
 
     def done(self, name: str) -> FinishedStage | None:

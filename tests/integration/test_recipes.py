@@ -156,6 +156,47 @@ def test_a_recipe_killed_in_its_middle_stage_resumes_there(setup, tiny_base, mon
     assert again.run_id != result.run_id and again.resumed_at is None
 
 
+def test_a_training_killed_after_registering_resumes_without_registering_twice(
+    setup, tiny_base, monkeypatch
+):
+    """Killed between the registration and the end (found by ``benchmarks/recipe_resume.py``):
+    the same command resumes at ``registration``, registers nothing again, and ends the
+    stage runs a kill left RUNNING as KILLED."""
+    import mlflow
+    from prefect_conductor.flows import train_conductor as module
+    from prefect_conductor.tasks.tracking import tracking_uri
+
+    data, pool, _ = setup
+    recipe = {"stages": tiny_recipe(data, tiny_base)["stages"][1:3]}  # collect, sft
+    request = _request(data, pool, tiny_base, **recipe)
+    real_artifact = module.ledger_artifact
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(module, "ledger_artifact", killed)
+    assert module.train_conductor(request, return_state=True).is_failed()
+    client = mlflow.MlflowClient(tracking_uri())
+    (version,) = client.search_model_versions("name='conductor'")
+    parent = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"attributes.run_id = '{version.run_id}'",
+    )[0]
+    orphan = client.create_run(
+        parent.info.experiment_id, tags={"mlflow.parentRunId": version.run_id}
+    )  # a stage run as a SIGKILL leaves it: RUNNING
+
+    monkeypatch.setattr(module, "ledger_artifact", real_artifact)
+    result = module.train_conductor(request)
+    assert result.resumed_at == "registration" and result.run_id == version.run_id
+    assert [v.version for v in client.search_model_versions("name='conductor'")] == [
+        version.version
+    ]
+    assert result.model_version == str(version.version)
+    assert client.get_run(orphan.info.run_id).info.status == "KILLED"
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+
+
 def test_the_ledger_is_a_prefect_table_artifact(setup, tiny_base):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
