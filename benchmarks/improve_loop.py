@@ -28,12 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.orchrm_loop import copy_home
+from benchmarks.orchrm_loop import conductor_json, copy_home
 from benchmarks.own_pool import step
 
 
@@ -50,16 +49,6 @@ def improve_args(args: argparse.Namespace, pool: Path, start: str | None) -> lis
            "--set", f"stages.guided.num_generations={args.k}",
            "--set", f"heldout.limit={args.heldout}"]  # fmt: skip
     return [*out, "--set", f"init_adapter={start}"] if start else out
-
-
-def _conductor(home: Path, argv: list[str]) -> dict[str, Any]:
-    cmd = [str(Path(sys.executable).with_name("conductor")), *argv, "--json"]
-    print("running " + " ".join(cmd[1:]), file=sys.stderr)
-    env = {**os.environ, "CONDUCTOR_HOME": str(home)}
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"conductor {argv[0]} failed ({done.returncode})")
-    return json.loads(done.stdout)
 
 
 def _has_champion(home: Path) -> bool:
@@ -120,14 +109,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         start = None if _has_champion(weak) else args.start
 
         def iterate(start: str | None = start) -> dict[str, Any]:
-            return _conductor(weak, improve_args(args, pool, start))
+            return conductor_json(weak, *improve_args(args, pool, start))
 
         rows.append(row(step(work / f"iteration-{i}.json", iterate)))
     shipped_home = copy_home(Path(args.store), work / "shipped")
     shipped = row(
         step(
             work / "shipped.json",
-            lambda: _conductor(shipped_home, improve_args(args, Path(load_pool_path()), None)),
+            lambda: conductor_json(shipped_home, *improve_args(args, Path(load_pool_path()), None)),
         )
     )
     return {"from_weak": rows, "from_shipped": shipped, "never_worse": never_worse(rows)}

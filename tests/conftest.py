@@ -61,22 +61,6 @@ def fake_provider():
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> Path:
     """A tiny random Llama with the SmolLM2 tokenizer, saved as an HF model directory."""
-    import torch
-    from prefect_conductor.conductor.providers.local_model import tokenizer_from_gguf
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from prefect_conductor.testing.tiny import build_tiny_base
 
-    tokenizer = tokenizer_from_gguf()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    )
-    path = tmp_path_factory.mktemp("tiny-base")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return build_tiny_base(tmp_path_factory.mktemp("tiny-base"))
