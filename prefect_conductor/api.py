@@ -180,6 +180,17 @@ def evaluate(
     return _call(flow, request, EvalResult)
 
 
+def _overrides(settings: dict[str, Any] | None) -> list[str]:
+    """A recipe's ``settings`` mapping as ``--set`` items (values as YAML reads them).
+
+    >>> _overrides({"heldout.limit": 100, "stages.round.guide": {"execute": 1}})
+    ['heldout.limit=100', 'stages.round.guide={"execute": 1}']
+    """
+    return [
+        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in (settings or {}).items()
+    ]
+
+
 def train(
     recipe: str | Path = "default",
     *,
@@ -201,13 +212,10 @@ def train(
     from prefect_conductor.flows.train_conductor import train_conductor as flow
 
     overrides = [f"dataset={dataset}"] if dataset is not None else []
-    overrides += [
-        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in (settings or {}).items()
-    ]
     request = _checked(
         TrainConductorRequest,
         recipe=str(recipe),
-        overrides=overrides,
+        overrides=overrides + _overrides(settings),
         pool=_pool_file(pool),
         **options,
     )
@@ -233,14 +241,10 @@ def improve(
     from prefect_conductor.reward_model.model import loop_settings
 
     loop_settings(reward_model or {})  # a bad setting: one line, before the flow starts
-
-    overrides = [
-        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in (settings or {}).items()
-    ]
     request = _checked(
         ImproveRequest,
         recipe=str(recipe),
-        overrides=overrides,
+        overrides=_overrides(settings),
         pool=_pool_file(pool),
         reward_model=reward_model or {},
         **options,
