@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect_conductor.conductor.data._knowledge import CAPITALS, CURRENCIES, OPPOSITES, PLURALS
+from prefect_conductor.conductor.training.recipe import load_recipe
 
 from benchmarks._training import ledger_total, run_training, steps_worker_calls
 from benchmarks.mixed_baselines import eval_rows, run_eval, tabulate
@@ -571,8 +572,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["steps_worker_calls"] = steps_worker_calls(result["run_id"])
         return result
 
-    recipe = Path(args.recipe)  # a file: its content names the training, not only its path
-    key = _digest(args.recipe, sets, recipe.read_text() if recipe.is_file() else None)
+    # The recipe's content names the training (a file's, or a built-in's as it ships now), so
+    # a changed recipe trains again and an unchanged one is skipped.
+    recipe = Path(args.recipe)
+    text = recipe.read_text() if recipe.is_file() else load_recipe(args.recipe).to_yaml()
+    key = _digest(args.recipe, sets, text)
     training = step(home / f"train-{recipe.stem}-{key}.json", train)
     uri = training["adapter_uri"]
     conductor = step(
