@@ -25,7 +25,7 @@ mixed test split); the starting adapter's own accuracy is measured once, in the 
 execute-all's, else null (one budget per arm: a point, not a curve).
 
     python -m benchmarks.orchrm_loop --store HOME --start ADAPTER --work DIR [--json]
-        [--questions 32] [--k 4] [--top 1 2] [--heldout 40] [--grpo STEPS]
+        [--questions 32] [--k 4] [--top 1 2] [--heldout 40] [--grpo STEPS] [--plot PNG]
 
 ``HOME`` is a conductor home with stored runs (its ``artifacts``, ``mlflow.db`` and
 ``mlartifacts`` are copied; an MLflow experiment that already exists there keeps logging its
@@ -108,6 +108,71 @@ def calls_to_match(results: dict[str, dict[str, Any]]) -> dict[str, int | None]:
     return {
         name: r["worker_calls"] if r["accuracy"] >= target else None for name, r in results.items()
     }
+
+
+def goals(results: dict[str, dict[str, Any]], matched: dict[str, int | None]) -> dict[str, Any]:
+    """The issue's goal rows from the arms' figures (``None`` where an arm did not run).
+
+    >>> r = {"execute-all": {"worker_calls": 90, "accuracy": 0.5},
+    ...      "merge-only": {"worker_calls": 60, "accuracy": 0.5},
+    ...      "orchrm-top1": {"worker_calls": 24, "accuracy": 0.5},
+    ...      "orchrm-top2": {"worker_calls": 48, "accuracy": 0.4}}
+    >>> g = goals(r, calls_to_match(r))
+    >>> g["guided_vs_execute_all"], g["guided_vs_merge_only"], g["guided_met"]
+    (0.2667, 0.4, True)
+    """
+    base = results["execute-all"]["worker_calls"]
+    guided = [c for n, c in matched.items() if "orchrm" in n and "grpo" not in n and c is not None]
+    best = min(guided) if guided else None
+    merge = matched.get("merge-only")
+    out: dict[str, Any] = {
+        "guided_vs_execute_all": round(best / base, 4) if best is not None and base else None,
+        "guided_vs_merge_only": round(best / merge, 4) if best is not None and merge else None,
+    }
+    out["guided_met"] = (
+        out["guided_vs_execute_all"] is not None and out["guided_vs_execute_all"] <= 1 / 3
+    )
+    out["guided_moonshot"] = (
+        out["guided_vs_execute_all"] is not None and out["guided_vs_execute_all"] <= 0.1
+    )
+    if "grpo-executed" in results and "grpo-orchrm" in results:
+        gap = results["grpo-orchrm"]["accuracy"] - results["grpo-executed"]["accuracy"]
+        out["grpo_orchrm_minus_executed"] = round(gap, 4)
+        out["grpo_met"] = gap >= -0.02
+    return out
+
+
+def plot(m: dict[str, Any], path: Path) -> Path:
+    """Held-out accuracy against the worker calls each arm spent, the start at 0 calls."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    ax.axhline(m["start_accuracy"] * 100, color="grey", linestyle=":", label="start (0 calls)")
+    target = m["arms"]["execute-all"]["accuracy"] * 100
+    ax.axhline(target, color="tab:blue", linestyle="--", linewidth=0.8)
+    for name, r in m["arms"].items():
+        color = (
+            "tab:blue"
+            if name == "execute-all"
+            else ("tab:green" if "orchrm" in name else "tab:orange")
+        )
+        marker = "s" if name.startswith("grpo") else "o"
+        ax.scatter(r["worker_calls"], r["accuracy"] * 100, color=color, marker=marker, zorder=3)
+        ax.annotate(name, (r["worker_calls"], r["accuracy"] * 100), textcoords="offset points",
+                    xytext=(5, 5), fontsize=8)  # fmt: skip
+    ax.set_xlabel("worker calls spent by the training stage")
+    ax.set_ylabel(f"held-out accuracy, % ({m['heldout']} mixed test questions)")
+    ax.set_xlim(left=0)
+    ax.set_title("OrchRM in the loop: accuracy against worker calls", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def copy_home(store: Path, home: Path) -> Path:
@@ -200,6 +265,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             n: (c / base_calls if c is not None and base_calls else None)
             for n, c in matched.items()
         },
+        "goals": goals(results, matched),
     }
 
 
@@ -221,6 +287,15 @@ def markdown(m: dict[str, Any]) -> str:
             f"{r['right']} | {r['accuracy']:.1%} | {matched if matched is not None else '–'} | "
             f"{f'{ratio:.2f}x' if ratio is not None else '–'} |"
         )
+    g = m.get("goals") or {}
+    if g:
+        out += ["", f"guided / execute-all calls at its accuracy: {g['guided_vs_execute_all']} "
+                f"(goal ≤ 0.33: {'met' if g['guided_met'] else 'not met'}); guided / merge-only: "
+                f"{g['guided_vs_merge_only']} (goal ≤ 0.5)"]  # fmt: skip
+        if "grpo_met" in g:
+            gap = g["grpo_orchrm_minus_executed"]
+            out.append(f"GRPO, OrchRM reward − executed reward: {gap:+.3f}"
+                       f" (goal ≥ −0.02: {'met' if g['grpo_met'] else 'not met'})")  # fmt: skip
     return "\n".join(out)
 
 
@@ -235,9 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=int, default=40)
     ap.add_argument("--grpo", type=int, default=None, help="GRPO arms of this many steps")
     ap.add_argument("--rm-args", nargs="*", default=["--min-pairs", "1", "--max-steps", "60"])
+    ap.add_argument("--plot", type=Path, default=None, help="a PNG of accuracy against calls")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result = measure(args)
+    if args.plot:
+        print(f"plot: {plot(result, args.plot)}", file=sys.stderr)
     print(json.dumps(result, indent=2) if args.json else markdown(result))
     return 0
 

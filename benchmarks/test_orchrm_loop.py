@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks._training import write_recipe
-from benchmarks.orchrm_loop import arms, calls_to_match, markdown, recipe
+from benchmarks.orchrm_loop import arms, calls_to_match, goals, markdown, plot, recipe
 
 
 def test_every_arm_is_a_valid_recipe_from_the_same_start_on_the_same_questions(tmp_path):
@@ -46,3 +46,22 @@ def test_calls_to_match_needs_execute_alls_accuracy_and_the_table_lists_every_ar
     })  # fmt: skip
     assert "| orchrm-top1 | 40 | 128 | 32 | 12 | 50.0% | 40 | 0.31x |" in table
     assert "| merge-only | 90 | 128 | 90 | 28 | 45.0% | – | – |" in table
+
+
+def test_the_goal_rows_and_the_plot_come_from_the_arms(tmp_path):
+    results = {
+        "execute-all": {"worker_calls": 96, "accuracy": 0.7},
+        "merge-only": {"worker_calls": 80, "accuracy": 0.7},
+        "orchrm-top1": {"worker_calls": 24, "accuracy": 0.6},
+        "orchrm-top2": {"worker_calls": 48, "accuracy": 0.7333},
+        "grpo-executed": {"worker_calls": 32, "accuracy": 0.6},
+        "grpo-orchrm": {"worker_calls": 4, "accuracy": 0.5667},
+    }
+    g = goals(results, calls_to_match(results))
+    # top1 fell short, so the guided figure is top2's 48 calls: half of 96, 0.6 of 80.
+    assert g["guided_vs_execute_all"] == 0.5 and g["guided_vs_merge_only"] == 0.6
+    assert not g["guided_met"] and not g["grpo_met"]
+    assert g["grpo_orchrm_minus_executed"] == -0.0333
+    m = {"start_accuracy": 0.5667, "heldout": 30, "arms": results}
+    png = plot(m, tmp_path / "img" / "loop.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
