@@ -14,6 +14,14 @@ one with a converted model cache, such as ``.conductor``, to skip the half-minut
 conversion). Pictures: ``deployment-form.png``, ``flow-run.png``, ``plan-artifact.png``,
 ``answer-artifact.png``, ``eval-run.png``, ``eval-summary.png``, ``eval-progress.png``,
 ``mlflow-compare.png``.
+
+``--lineage HOME [HOME…]`` instead pictures the lineage that conductor homes' trainings
+recorded (issue #41): a Prefect server with its UI on a copy of a home's Prefect database, the
+newest ``conductor`` version's materialisation event and the newest ``orchrm`` version's (each
+from the first home that has one), with the assets it was made from
+(``lineage-conductor.png``, ``lineage-orchrm.png``). Prefect 3.9's open-source UI has no
+asset graph; an asset's lineage is its materialisation event in the Event Feed (the V2 UI
+renders it).
 """
 
 from __future__ import annotations
@@ -142,10 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     parser.add_argument("--limit", type=int, default=10, help="Questions of each eval.")
+    parser.add_argument(
+        "--lineage", type=Path, nargs="+", default=None, help="Picture these homes' lineage."
+    )
     args = parser.parse_args(argv)
     if not Path(args.chromium).exists():
         raise SystemExit("error: Chromium not found; apt-get install chromium, or --chromium PATH")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.lineage is not None:
+        todo = ["conductor", "orchrm"]
+        for home in args.lineage:
+            todo = _lineage(home.absolute(), args.out, args.chromium, todo)
+        if todo:
+            raise SystemExit(f"error: no {' or '.join(todo)} version was materialised there")
+        return 0
 
     with tempfile.TemporaryDirectory(prefix="conductor-shots-") as tmp:
         base = Path(tmp)
@@ -181,6 +199,64 @@ def main(argv: list[str] | None = None) -> int:
             with _process(worker, client, base, base / "worker.log"):
                 _capture(Api(api), f"http://127.0.0.1:{port}", args, home, mlflow_port, env, base)
     return 0
+
+
+def newest_materialisation(api: Api, model: str) -> dict[str, Any] | None:
+    """The newest ``prefect.asset.materialization.succeeded`` event of a ``model`` version."""
+    body = {
+        "filter": {
+            "occurred": {"since": "2000-01-01T00:00:00Z"},
+            "event": {"name": ["prefect.asset.materialization.succeeded"]},
+        },
+        "limit": 50,
+    }
+    page = api("POST", "/events/filter", body)
+    found = []
+    while True:
+        found += [
+            e for e in page["events"] if f"/models/{model}/" in e["resource"]["prefect.resource.id"]
+        ]
+        if not page.get("next_page"):
+            break
+        page = httpx.get(page["next_page"], timeout=60).raise_for_status().json()
+    return max(found, key=lambda e: e["occurred"], default=None)
+
+
+def _lineage(home: Path, out: Path, chromium: str, models: list[str]) -> list[str]:
+    """Pictures of the newest materialisation of each of ``models`` in ``home``; the rest."""
+    database = home / "prefect" / "prefect.db"
+    if not database.is_file():
+        raise SystemExit(f"error: {home} has no Prefect database ({database})")
+    with tempfile.TemporaryDirectory(prefix="conductor-lineage-") as tmp:
+        base = Path(tmp)
+        copy = base / "prefect.db"
+        import sqlite3
+
+        with sqlite3.connect(database) as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)  # the WAL's pages too, and the home's server may keep running
+        port = _free_port()
+        api_url = f"http://127.0.0.1:{port}/api"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(
+            PREFECT_HOME=str(base / "prefect"),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_UI_API_URL=api_url,
+            PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{copy}",
+        )
+        server = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port"]
+        with _process([*server, str(port)], env, base, base / "server.log"):
+            _wait_http(f"{api_url}/health")
+            api = Api(api_url)
+            left = []
+            for model in models:
+                event = newest_materialisation(api, model)
+                if event is None:
+                    left.append(model)
+                    continue
+                day = event["occurred"][:10]
+                url = f"http://127.0.0.1:{port}/v2/events/event/{day}/{event['id']}"
+                _shoot(chromium, url, out / f"lineage-{model}.png", size="1400,700")
+    return left
 
 
 def _capture(
