@@ -70,6 +70,7 @@ def row(it: dict[str, Any]) -> dict[str, Any]:
         "unreferenced": it["runs"]["unreferenced"],
         "pairs_new": it["pairs_new"],
         "pairs_by_source": it["pairs_by_source"],
+        "pairs_unreferenced_by_source": it.get("pairs_unreferenced_by_source", {}),
         "orchrm_promoted": it["orchrm_promoted"],
         "orchrm_accuracy": it["orchrm_accuracy"],
         "champion_before": it["accuracy_before"],
@@ -128,6 +129,18 @@ def load_pool_path() -> str:
     return str(default_pool_path())
 
 
+def sources(r: dict[str, Any]) -> str:
+    """``source n (m)`` for each source that gave a pair; m of them from unreferenced runs.
+
+    >>> sources({"pairs_by_source": {"valid-over-invalid": 5, "correct-over-incorrect": 0},
+    ...          "pairs_unreferenced_by_source": {"valid-over-invalid": 2}})
+    'valid-over-invalid 5 (2)'
+    """
+    unref = r.get("pairs_unreferenced_by_source") or {}
+    made = [f"{s} {n} ({unref.get(s, 0)})" for s, n in r["pairs_by_source"].items() if n]
+    return ", ".join(made) or "none"
+
+
 def markdown(m: dict[str, Any]) -> str:
     out = [
         "| iteration | runs (no reference) | new pairs | OrchRM promoted | champion before "
@@ -147,6 +160,11 @@ def markdown(m: dict[str, Any]) -> str:
             f"{pct(r['candidate_after'])} | {'yes' if r['promoted'] else 'no'} | "
             f"{r['worker_calls'] if r['worker_calls'] is not None else '–'} | {wall} |"
         )
+    out.append("")
+    for name, r in [*((f"{r['iteration']}", r) for r in m["from_weak"]),
+                    ("shipped", m["from_shipped"])]:  # fmt: skip
+        out.append(f"Pairs of iteration {name} by source (from runs without a reference): "
+                   + sources(r))  # fmt: skip
     out.append("")
     out.append(f"Never a worse champion: {'yes' if m['never_worse'] else 'no'}.")
     return "\n".join(out)

@@ -98,6 +98,7 @@ def improve(request: ImproveRequest | None = None) -> ImproveIteration:
             )
         )
         iteration.pairs_by_source = rm.pairs_by_source
+        iteration.pairs_unreferenced_by_source = rm.pairs_unreferenced_by_source
         iteration.pairs_new = rm.pairs_new
         iteration.orchrm_trained = rm.trained
         iteration.orchrm_promoted = rm.promoted

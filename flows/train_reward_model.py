@@ -44,6 +44,7 @@ def _result(built, started: float, **kw) -> RewardModelResult:
         pairs_test=len(built.test),
         pairs_new=built.new,
         pairs_by_source=stats.get("by_source", {}),
+        pairs_unreferenced_by_source=stats.get("unreferenced", {}),
         pairs_truncated=stats.get("truncated", 0),
         pairs_per_1k_tokens=stats.get("pairs_per_1k_tokens", {}),
         efficiency_vs_correct_over_incorrect=stats.get("efficiency_vs_correct_over_incorrect"),

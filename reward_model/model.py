@@ -357,6 +357,10 @@ class RewardModelResult(BaseModel):
     pairs_test: int
     pairs_new: int
     pairs_by_source: dict[str, int]
+    pairs_unreferenced_by_source: dict[str, int] = Field(
+        default_factory=dict,
+        description="Of pairs_by_source, the pairs neither of whose runs had a reference.",
+    )
     pairs_truncated: int = 0
     pairs_per_1k_tokens: dict[str, float | None] = Field(default_factory=dict)
     efficiency_vs_correct_over_incorrect: float | None = None

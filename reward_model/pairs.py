@@ -440,6 +440,7 @@ def build_pairs(
 
     rows: list[dict[str, Any]] = []
     used: dict[str, dict[str, int]] = {s: {} for s in PAIR_SOURCES}  # run id -> tokens
+    unreferenced: dict[str, int] = dict.fromkeys(PAIR_SOURCES, 0)  # neither run verified
     seen: set[str] = set()
     for source in PAIR_SOURCES:  # source-major, so the first source keeps a shared pair
         for key, question_runs in grouped.items():
@@ -460,6 +461,8 @@ def build_pairs(
                 kept += 1
                 for run in (c.chosen_run, c.rejected_run):
                     used[source][run.run_id] = run.tokens
+                if c.chosen_run.correct is None and c.rejected_run.correct is None:
+                    unreferenced[source] += 1
                 rows.append(
                     {
                         "pair_id": pair_id,
@@ -476,7 +479,7 @@ def build_pairs(
                     }
                 )
     pairs = pd.DataFrame(rows, columns=_COLUMNS).astype({"margin": "float64", "truncated": "bool"})
-    return PairSet(pairs=pairs, stats=_stats(pairs, used, config))
+    return PairSet(pairs=pairs, stats={**_stats(pairs, used, config), "unreferenced": unreferenced})
 
 
 def _per_1k(pairs: int, tokens: int) -> float | None:

@@ -52,6 +52,10 @@ def finish_iteration_run(iteration: ImproveIteration) -> None:
         "runs_unreferenced": iteration.runs.unreferenced,
         "pairs_new": iteration.pairs_new,
         **{f"pairs/{source}": n for source, n in iteration.pairs_by_source.items()},
+        **{
+            f"pairs_unreferenced/{source}": n
+            for source, n in iteration.pairs_unreferenced_by_source.items()
+        },
         "orchrm_accuracy": iteration.orchrm_accuracy,
         "orchrm_promoted": float(iteration.orchrm_promoted),
         "accuracy_before": iteration.accuracy_before,

@@ -381,6 +381,8 @@ def log_pair_stats(run_id: str, built: BuiltPairs, accuracy: Accuracy | None) ->
         "pairs_new": built.new,
         "pairs_truncated": stats.get("truncated", 0),
     }
+    for source, n in stats.get("unreferenced", {}).items():
+        metrics[f"pairs_unreferenced.{source}"] = n
     for source, n in stats.get("by_source", {}).items():
         metrics[f"pairs.{source}"] = n
     for source, v in stats.get("pairs_per_1k_tokens", {}).items():

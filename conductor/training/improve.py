@@ -70,6 +70,9 @@ class ImproveIteration(BaseModel):
     runs: RunCounts = Field(default_factory=RunCounts)
     stopped: str | None = Field(default=None, description="Why nothing was trained, if so.")
     pairs_by_source: dict[str, int] = Field(default_factory=dict)
+    pairs_unreferenced_by_source: dict[str, int] = Field(
+        default_factory=dict, description="Of those, the pairs from runs without a reference."
+    )
     pairs_new: int = 0
     orchrm_trained: bool = False
     orchrm_promoted: bool = False

@@ -336,6 +336,8 @@ def improve_cmd(
         print(result.stopped)
         return
     print(f"pairs: {result.pairs_new} new, by source {result.pairs_by_source}")
+    unreferenced = {s: n for s, n in result.pairs_unreferenced_by_source.items() if n}
+    print(f"pairs from runs without a reference: {unreferenced or 'none'}")
     print(
         f"OrchRM: {'trained' if result.orchrm_trained else 'not trained'}"
         f"{', promoted' if result.orchrm_promoted else ''}"

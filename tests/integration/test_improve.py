@@ -208,6 +208,8 @@ def test_runs_without_a_reference_give_only_label_free_pairs(tmp_path, monkeypat
     assert iteration.runs.total == 9 == iteration.runs.unreferenced
     made = {source for source, n in iteration.pairs_by_source.items() if n}
     assert made and made <= LABEL_FREE, iteration.pairs_by_source
+    # Every pair came from runs without a reference, and the report counts them per source.
+    assert iteration.pairs_unreferenced_by_source == iteration.pairs_by_source
     assert not iteration.orchrm_trained
     assert iteration.stopped == "no OrchRM champion to guide the round: nothing trained"
     assert json.loads(json.dumps(iteration.model_dump(mode="json")))["finished"] is True

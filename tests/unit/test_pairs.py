@@ -412,6 +412,23 @@ def test_stats_add_up():
     assert empty["pairs_per_1k_tokens"]["correct-over-incorrect"] is None
 
 
+def test_pairs_from_runs_without_a_reference_are_counted_per_source():
+    conductor = "local/base"
+    # Question q1: everyday runs, no reference (correct None): a valid plan and an unparsed one.
+    valid = run("r1", model=conductor, text="model_id = ['calculator']", correct=None)
+    invalid = run("r2", model=conductor, text="42?", valid=False, correct=None)
+    # Question q2: verified runs: the same two kinds, and a wrong plan.
+    checked = run("r3", "q2", model=conductor, text="model_id = ['calculator']")
+    broken = run("r4", "q2", model=conductor, text="hm", valid=False, correct=False)
+    wrong = run("r5", "q2", plan=[("smol", "17 + 25")], correct=False)
+    built = build([valid, invalid, checked, broken, wrong])
+    assert built.stats["by_source"]["valid-over-invalid"] == 3  # q1's, q2's two
+    assert built.stats["unreferenced"]["valid-over-invalid"] == 1  # q1's only
+    assert built.stats["by_source"]["correct-over-incorrect"] >= 1
+    assert built.stats["unreferenced"]["correct-over-incorrect"] == 0
+    assert set(built.stats["unreferenced"]) == set(PAIR_SOURCES)
+
+
 # -- storage ---------------------------------------------------------------------------------
 
 
