@@ -17,7 +17,10 @@ under the first):
    question, plan only and (``with_outputs``) plan with its step outputs;
 3. ``valid-over-invalid``: a valid plan over a conductor's unparseable text;
 4. ``step-completed-over-failed``: the plan prefixes up to a step index at which one run's step
-   completed and another's failed;
+   completed and another's failed, *the same worker* in both (issue #41: across workers, a
+   language model's step always "completes" while a tool given prose fails, so such pairs
+   taught OrchRM to put the language model above the tools whatever the question; it ranked
+   ``smol`` over ``python`` for five of six programs whose ``python`` plan was right);
 5. ``prefix-correct-over-wrong``: each k-step plan prefix of a correct run over the differing
    k-step prefix of a wrong run (pairs from *intermediate* artifacts).
 
@@ -349,6 +352,12 @@ def _valid_over_invalid(runs: list[_Run], docs: _Documents, _: PairConfig) -> It
             yield _Candidate(docs.plan(a) or "", raw_plan_document(b.text or ""), a, b)
 
 
+def _worker(run: _Run, i: int) -> str | None:
+    """The worker of step ``i`` of ``run``'s plan, if it has one."""
+    names = run.workflow["model_id"] if run.workflow is not None else []
+    return str(names[i]) if i < len(names) else None
+
+
 def _step_completed_over_failed(
     runs: list[_Run], docs: _Documents, _: PairConfig
 ) -> Iterator[_Candidate]:
@@ -360,7 +369,7 @@ def _step_completed_over_failed(
     for i in sorted(by_step):
         for a in by_step[i]["completed"]:
             for b in by_step[i]["failed"]:
-                if a.run_id != b.run_id:
+                if a.run_id != b.run_id and _worker(a, i) == _worker(b, i) is not None:
                     chosen = docs.plan(a, i + 1, outputs=True) or ""
                     yield _Candidate(chosen, docs.plan(b, i + 1, outputs=True) or "", a, b)
 

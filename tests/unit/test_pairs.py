@@ -248,6 +248,11 @@ def test_step_completed_over_failed_uses_the_prefix_with_outputs():
     assert pair["chosen"].endswith("step 1 · smol · reads [0]: Explain 42\n  -> It is 42")
     assert pair["rejected"].endswith("  -> failed: timeout") and "step 2" not in pair["rejected"]
     assert (pair["chosen_run_id"], pair["rejected_run_id"]) == ("r1", "r2")
+    # Another worker's completed step is no evidence: a language model always "completes"
+    # where a tool given prose fails, whatever the question needs.
+    other = run("r3", plan=[plan[0], ("python", "Explain 42")], correct=None)
+    done = steps_of(other, [("completed", "42"), ("completed", "printed")])
+    assert of(build([other, b], done + steps[3:]), "step-completed-over-failed").empty
     # A failure inside a recursive sub-plan (depth 1) is not a top-level step.
     nested = steps_of(a, [("completed", "42")]) + steps_of(b, [("failed", "boom")], depth=1)
     assert of(build([a, b], nested), "step-completed-over-failed").empty
