@@ -20,8 +20,8 @@ recorded (issue #41): a Prefect server with its UI on a copy of a home's Prefect
 newest ``conductor`` version's materialisation event and the newest ``orchrm`` version's (each
 from the first home that has one), with the assets it was made from
 (``lineage-conductor.png``, ``lineage-orchrm.png``). Prefect 3.9's open-source UI has no
-asset graph; an asset's lineage is its materialisation event in the Event Feed (the V2 UI
-renders it).
+asset graph; an asset's lineage is its materialisation event in the Event Feed (the V2 UI's
+Raw tab shows it whole).
 """
 
 from __future__ import annotations
@@ -254,8 +254,10 @@ def _lineage(home: Path, out: Path, chromium: str, models: list[str]) -> list[st
                     left.append(model)
                     continue
                 day = event["occurred"][:10]
-                url = f"http://127.0.0.1:{port}/v2/events/event/{day}/{event['id']}"
-                _shoot(chromium, url, out / f"lineage-{model}.png", size="1400,700")
+                # The Raw tab: the Details tab of the V2 UI shows a related key only after its
+                # last dot (`…/mlflow.db/models/orchrm/1` reads `db/models/orchrm/1`).
+                url = f"http://127.0.0.1:{port}/v2/events/event/{day}/{event['id']}?tab=raw"
+                _shoot(chromium, url, out / f"lineage-{model}.png", size="1400,800")
     return left
 
 
