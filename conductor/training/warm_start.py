@@ -63,10 +63,12 @@ def _workflow(lists_json: str, pool: Pool) -> Workflow | None:
 MAX_REPEAT = 3
 
 
-def _balanced_draw(rows: list[dict[str, Any]], limit: int, seed: int) -> list[dict[str, Any]]:
+def _balanced_draw(
+    rows: list[dict[str, Any]], limit: int, seed: int, once: Iterable[tuple[str, ...]] = ()
+) -> list[dict[str, Any]]:
     """At most ``limit`` rows, drawn round-robin over the worker sets their plans use, the
     smaller sets repeated (at most ``MAX_REPEAT`` times over) until each has as many rows as
-    the largest set.
+    the largest set; a set in ``once`` is never repeated (``_dominated``).
 
     A plain draw keeps the store's proportions, and those follow how often each worker was
     right, not what the conductor must learn. Issue #18 measured it twice: 17 ``smol`` plans
@@ -80,8 +82,10 @@ def _balanced_draw(rows: list[dict[str, Any]], limit: int, seed: int) -> list[di
     for row in rows:
         groups.setdefault(row["workers"], []).append(row)
     largest = max((len(g) for g in groups.values()), default=0)
+    once = set(once)
     pending = [
-        (g, min(largest, MAX_REPEAT * len(g)), []) for _, g in sorted(groups.items())
+        (g, len(g) if s in once else min(largest, MAX_REPEAT * len(g)), [])
+        for s, g in sorted(groups.items())
     ]  # (rows, how many to draw, the shuffled queue)
     drawn: list[dict[str, Any]] = []
     counts = [0] * len(pending)
@@ -95,6 +99,50 @@ def _balanced_draw(rows: list[dict[str, Any]], limit: int, seed: int) -> list[di
                 drawn.append(queue.pop())
                 counts[i] += 1
     return drawn
+
+
+def _head_to_head(
+    sets: set[tuple[str, ...]], attempts: dict[tuple[str, ...], dict[str, bool]]
+) -> dict[tuple[str, ...], int]:
+    """For each worker set of ``sets``, how many more questions it was right on than each
+    other set of ``sets``, summed, counting only questions both were tried on.
+
+    A question that two worker sets both answered right says nothing about which one to
+    learn; their record on the questions both were tried on does. Issue #40's own-pool run
+    measured why it matters: a rhyming distractor was right on 4 of 20 fact questions (a
+    rhyme that happens to contain the answer), each of them one the chat model was right on
+    too (8 of 20); the shortest-plan rule made half of those four the distractor's plan, the
+    balanced draw repeated them, and the self-sampling rounds that followed sent facts to
+    the distractor 30 times against the chat model's 4.
+    """
+    score = dict.fromkeys(sets, 0)
+    for a in sets:
+        for b in sets - {a}:
+            shared = attempts.get(a, {}).keys() & attempts.get(b, {}).keys()
+            score[a] += sum(attempts[a][q] for q in shared) - sum(attempts[b][q] for q in shared)
+    return score
+
+
+def _dominated(attempts: dict[tuple[str, ...], dict[str, bool]]) -> set[tuple[str, ...]]:
+    """Worker sets another set dominates: on the questions both were tried on, every one
+    this set was right on the other was right on too, and the other was right on more.
+
+    Such a set's plans are kept (each was verified right) but never repeated by the balanced
+    draw: repeating them taught the own-pool conductor to prefer its rhyming distractor,
+    whose 4 right fact answers were all among the chat model's 8.
+    """
+    right = {s: {q for q, ok in seen.items() if ok} for s, seen in attempts.items()}
+    out = set()
+    for a, seen_a in attempts.items():
+        for b, seen_b in attempts.items():
+            shared = seen_a.keys() & seen_b.keys()
+            if a == b or not shared:
+                continue
+            mine, theirs = right[a] & shared, right[b] & shared
+            if mine <= theirs and len(theirs) > len(mine):
+                out.add(a)
+                break
+    return out
 
 
 def warm_start_examples(
@@ -114,11 +162,13 @@ def warm_start_examples(
       ``split=test``: a store shared by several evals holds other data sets' test
       questions too (issue #18: a word-problem probe's held-out evals would otherwise have
       become targets of a later ``--dataset mixed`` run);
-    - at most ``per_question`` distinct plans per question, deduplicated, the shortest
-      first (the simplest plan that was verified right: one tool step over a chain that
-      also ended right);
+    - at most ``per_question`` distinct plans per question, deduplicated; when plans of
+      several worker sets were right on a question, the set that was right more often
+      head-to-head comes first (``_head_to_head``), then the shortest (the simplest plan
+      that was verified right: one tool step over a chain that also ended right);
     - balanced over the worker sets the plans use, with ``seed`` (``_balanced_draw``): the
-      smaller sets are repeated up to the largest one's count, at most ``limit`` rows in all
+      smaller sets are repeated up to the largest one's count (a set another one dominates,
+      ``_dominated``, is not repeated), at most ``limit`` rows in all
       (every row once when ``limit`` is None), so every kind of plan has an equal share
       whatever its share of the store.
     """
@@ -128,8 +178,9 @@ def warm_start_examples(
     runs = runs.loc[:, list(WARM_START_COLUMNS)]
     excluded = {q.strip() for q in exclude_questions}
     candidates: dict[str, dict[str, dict[str, Any]]] = {}
+    attempts: dict[tuple[str, ...], dict[str, bool]] = {}  # set -> question -> ever right
     for run in runs.itertuples(index=False):
-        if not _true(run.correct) or run.status != "completed" or not run.workflow_json:
+        if not run.workflow_json:
             continue
         tags = _tags(run.tags)
         if tags.get("strategy", "").startswith("self-consistency"):
@@ -142,6 +193,12 @@ def warm_start_examples(
         workflow = _workflow(run.workflow_json, pool)
         if workflow is None:
             continue
+        right = _true(run.correct) and run.status == "completed"
+        workers = tuple(sorted({s.worker for s in workflow.steps}))
+        seen = attempts.setdefault(workers, {})
+        seen[question] = seen.get(question, False) or right
+        if not right:
+            continue
         target = render_plan(workflow, pool)
         candidates.setdefault(question, {}).setdefault(
             target,
@@ -149,12 +206,14 @@ def warm_start_examples(
                 "prompt": conductor_messages(question, pool),
                 "completion": [{"role": "assistant", "content": target}],
                 "question_id": run.question_id,
-                "workers": tuple(sorted({s.worker for s in workflow.steps})),
+                "workers": workers,
             },
         )
     rows: list[dict[str, Any]] = []
     for plans in candidates.values():
-        rows.extend(plans[t] for t in sorted(plans, key=len)[:per_question])
+        score = _head_to_head({p["workers"] for p in plans.values()}, attempts)
+        order = sorted(plans, key=lambda t: (-score[plans[t]["workers"]], len(t)))
+        rows.extend(plans[t] for t in order[:per_question])
     if limit is not None:
-        rows = _balanced_draw(rows, limit, seed)
+        rows = _balanced_draw(rows, limit, seed, once=_dominated(attempts))
     return rows

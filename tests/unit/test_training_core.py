@@ -260,6 +260,63 @@ def test_warm_start_keeps_the_shortest_verified_plan_of_a_question():
     assert [len(parse_plan(r["completion"][0]["content"], POOL).steps) for r in two] == [1, 2]
 
 
+def _facts(sets: dict[str, tuple[int, int]], start: int = 0) -> list[pd.DataFrame]:
+    """Single-worker runs of fact questions ``start``…: ``{worker: (tried, right)}``, each
+    worker tried on the first ``tried`` questions and right on the first ``right``."""
+    return [
+        _runs(
+            question=f"Capital {i}?",
+            workflow_json=_plan((worker, f"Capital {i}?")),
+            correct=i < start + right,
+            tags=[("strategy", f"single:{worker}")],
+        )
+        for worker, (tried, right) in sets.items()
+        for i in range(start, start + tried)
+    ]
+
+
+def _workers(rows) -> list[str]:
+    return [parse_plan(r["completion"][0]["content"], POOL).steps[0].worker for r in rows]
+
+
+def test_a_question_right_for_two_workers_teaches_the_one_right_more_often_head_to_head():
+    # Issue #40's own pool: a distractor right on 4 fact questions, all among the chat
+    # model's 8. Both plans are one step of the same length, so the shortest-plan rule alone
+    # kept whichever run came first; the record on the questions both were tried on picks
+    # the one right more often, whichever came first.
+    for worse, better in (("smol", "python"), ("python", "smol")):
+        frames = pd.concat(_facts({worse: (20, 4), better: (20, 8)}), ignore_index=True)
+        rows = warm_start_examples(frames, POOL)
+        assert len(rows) == 8 and set(_workers(rows)) == {better}
+    # With no question tried by both, nothing is known: the shortest plan, as before.
+    apart = pd.concat(
+        _facts({"smol": (3, 3)}) + _facts({"python": (3, 3)}, start=3), ignore_index=True
+    )
+    assert sorted(_workers(warm_start_examples(apart, POOL))) == ["python"] * 3 + ["smol"] * 3
+
+
+def test_a_dominated_worker_set_is_kept_but_never_repeated_by_the_balanced_draw():
+    # calculator: 9 arithmetic plans. smol right on 4 of 20 shared fact questions, python on
+    # 8 of them (smol's 4 among them), and smol alone right on 2 more questions python never
+    # saw. smol's two plans there are kept (each was verified) but not repeated: python's
+    # are (up to the largest set's 9), as an undominated set's always were.
+    frames = pd.concat(
+        [_runs(question=f"What is {i} + 1?") for i in range(9)]
+        + _facts({"python": (20, 8), "smol": (20, 4)})
+        + _facts({"smol": (2, 2)}, start=20),
+        ignore_index=True,
+    )
+    workers = _workers(warm_start_examples(frames, POOL, limit=160, seed=0))
+    assert workers.count("smol") == 2
+    assert workers.count("python") == 9 and workers.count("calculator") == 9
+    # The same store without the shared questions: smol is dominated by no one, repeated.
+    alone = pd.concat(
+        [_runs(question=f"What is {i} + 1?") for i in range(9)] + _facts({"smol": (2, 2)}),
+        ignore_index=True,
+    )
+    assert _workers(warm_start_examples(alone, POOL, limit=160, seed=0)).count("smol") == 6
+
+
 def test_adapter_references(tmp_path):
     with pytest.raises(AdapterError, match="not a LoRA adapter directory"):
         read_adapter(tmp_path)
