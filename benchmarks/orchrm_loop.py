@@ -25,7 +25,8 @@ mixed test split); the starting adapter's own accuracy is measured once, in the 
 execute-all's, else null (one budget per arm: a point, not a curve).
 
     python -m benchmarks.orchrm_loop --store HOME --start ADAPTER --work DIR [--json]
-        [--questions 32] [--k 4] [--top 1 2] [--heldout 40] [--grpo STEPS] [--plot PNG]
+        [--questions 32] [--k 4] [--top 1 2] [--heldout 40] [--grpo STEPS [--grpo-lr LR]]
+        [--plot PNG]
 
 ``HOME`` is a conductor home with stored runs (its ``artifacts``, ``mlflow.db`` and
 ``mlartifacts`` are copied; an MLflow experiment that already exists there keeps logging its
@@ -53,13 +54,18 @@ from benchmarks.own_pool import step
 COPIED = ("artifacts", "mlflow.db", "mlartifacts")
 
 
-def arms(k: int, top: list[int], grpo_steps: int | None) -> dict[str, dict[str, Any]]:
-    """Each arm's training stage (a recipe stage).
+def arms(
+    k: int, top: list[int], grpo_steps: int | None, grpo_lr: float | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each arm's training stage (a recipe stage); both GRPO arms share ``grpo_lr`` (the
+    recipe's default when None).
 
     >>> sorted(arms(4, [1, 2], None))
     ['execute-all', 'merge-only', 'orchrm-top1', 'orchrm-top2']
     >>> arms(4, [1], 8)["grpo-orchrm"]["reward"]
     'orchrm'
+    >>> arms(4, [1], 8, 2e-4)["grpo-orchrm"]["learning_rate"]
+    0.0002
     """
     sample = {"kind": "self-sample", "name": "round", "num_generations": k, "temperature": 1.0}
     out: dict[str, dict[str, Any]] = {
@@ -75,6 +81,7 @@ def arms(k: int, top: list[int], grpo_steps: int | None) -> dict[str, dict[str, 
             "num_generations": 4,
             "per_device_train_batch_size": 4,
             "questions": {"limit": 1000, "fresh": False},
+            **({"learning_rate": grpo_lr} if grpo_lr is not None else {}),
         }
         out["grpo-executed"] = grpo
         out["grpo-orchrm"] = {**grpo, "reward": "orchrm", "execute_fraction": 0.1}
@@ -241,7 +248,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ),  # fmt: skip
     )
     results: dict[str, dict[str, Any]] = {}
-    for name, stage in arms(args.k, args.top, args.grpo).items():
+    for name, stage in arms(args.k, args.top, args.grpo, args.grpo_lr).items():
         home = copy_home(base, work / f"arm-{name}")
         spec = recipe(name, stage, args.start, args.questions, args.heldout)
         path = write_recipe(work / f"{name}.yaml", spec)
@@ -309,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--heldout", type=int, default=40)
     ap.add_argument("--grpo", type=int, default=None, help="GRPO arms of this many steps")
+    ap.add_argument("--grpo-lr", type=float, default=None,
+                    help="the GRPO arms' learning rate (default: the recipe's)")  # fmt: skip
     ap.add_argument("--rm-args", nargs="*", default=["--min-pairs", "1", "--max-steps", "60"])
     ap.add_argument("--plot", type=Path, default=None, help="a PNG of accuracy against calls")
     ap.add_argument("--json", action="store_true")
