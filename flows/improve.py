@@ -2,9 +2,12 @@
 runs (issue #41; ``conductor.training.improve`` says what an iteration is).
 
 1. the runs stored since the last iteration (its window ends now); too few: say so, stop;
-2. OrchRM retrained on their pairs (``train-reward-model``, ``since`` = the window's start;
-   unreferenced runs give only the label-free sources), promoted only if it ranks held-out
-   pairs better;
+2. OrchRM retrained (``train-reward-model``) on the pairs of every stored run, the window's
+   runs adding the new ones (``new_since`` = the window's start; unreferenced runs give only
+   the label-free sources), promoted only if it ranks the same held-out pairs better than the
+   champion. Trained on the window's pairs alone, the loop's second OrchRM learned from 15
+   pairs and replaced one trained on 540 after ranking 7 held-out pairs better (7 of 7
+   against 5 of 7);
 3. the ``improve`` recipe from the champion conductor (``train-conductor``: OrchRM-guided
    sampling, SFT, held-out eval), promoted only if it beats the champion on the same
    held-out questions;
@@ -91,14 +94,15 @@ def improve(request: ImproveRequest | None = None) -> ImproveIteration:
             RewardModelRequest(
                 **{
                     **request.reward_model,
-                    "since": iteration.since,
+                    "since": None,  # pairs from every stored run: the window adds to them
+                    "new_since": iteration.since,
                     "pool": request.pool,
                     "promote": request.promote,
                 }
             )
         )
-        iteration.pairs_by_source = rm.pairs_by_source
-        iteration.pairs_unreferenced_by_source = rm.pairs_unreferenced_by_source
+        iteration.pairs_by_source = rm.pairs_new_by_source
+        iteration.pairs_unreferenced_by_source = rm.pairs_new_unreferenced_by_source
         iteration.pairs_new = rm.pairs_new
         iteration.orchrm_trained = rm.trained
         iteration.orchrm_promoted = rm.promoted

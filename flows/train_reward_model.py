@@ -45,6 +45,8 @@ def _result(built, started: float, **kw) -> RewardModelResult:
         pairs_new=built.new,
         pairs_by_source=stats.get("by_source", {}),
         pairs_unreferenced_by_source=stats.get("unreferenced", {}),
+        pairs_new_by_source=stats.get("new", {}).get("by_source", {}),
+        pairs_new_unreferenced_by_source=stats.get("new", {}).get("unreferenced", {}),
         pairs_truncated=stats.get("truncated", 0),
         pairs_per_1k_tokens=stats.get("pairs_per_1k_tokens", {}),
         efficiency_vs_correct_over_incorrect=stats.get("efficiency_vs_correct_over_incorrect"),

@@ -65,6 +65,12 @@ class RewardModelRequest(BaseModel):
         default=None,
         description="Only runs created at or after this date (ISO); default: every run.",
     )
+    new_since: str | None = Field(
+        default=None,
+        description="Count as new only the pairs with a run created at or after this date "
+        "(ISO); pairs are still built from every run `since` admits, and trained on. Default: "
+        "new = not yet in the pairs table.",
+    )
     split: str | None = Field(
         default=None,
         description="Only runs tagged with this dataset split (e.g. train, so that the test "
@@ -322,7 +328,7 @@ def load_reward_model(ref: str, download: Download | None = None) -> OrchRM:
 
 
 #: What the improvement loop sets itself in OrchRM's request (its window, pool, promotion).
-LOOP_FIELDS = frozenset({"since", "pool", "promote"})
+LOOP_FIELDS = frozenset({"since", "new_since", "pool", "promote"})
 
 
 def loop_settings(settings: dict[str, Any]) -> RewardModelRequest:
@@ -360,6 +366,13 @@ class RewardModelResult(BaseModel):
     pairs_unreferenced_by_source: dict[str, int] = Field(
         default_factory=dict,
         description="Of pairs_by_source, the pairs neither of whose runs had a reference.",
+    )
+    pairs_new_by_source: dict[str, int] = Field(
+        default_factory=dict, description="The new pairs (pairs_new), by source."
+    )
+    pairs_new_unreferenced_by_source: dict[str, int] = Field(
+        default_factory=dict,
+        description="Of pairs_new_by_source, the pairs neither of whose runs had a reference.",
     )
     pairs_truncated: int = 0
     pairs_per_1k_tokens: dict[str, float | None] = Field(default_factory=dict)

@@ -46,6 +46,16 @@ def _rm(tiny_base: Path, **changes) -> dict:
             "test_fraction": 0.34, **changes}  # fmt: skip
 
 
+def _pairs_trained(uri: str) -> float:
+    """How many pairs the OrchRM version ``models:/orchrm/N`` was trained on (MLflow)."""
+    import mlflow
+    from prefect_conductor.tasks.tracking import tracking_uri
+
+    client = mlflow.MlflowClient(tracking_uri())
+    version = client.get_model_version("orchrm", uri.rsplit("/", 1)[-1])
+    return client.get_run(version.run_id).data.metrics["pairs_train"]
+
+
 def _guided_questions(run_id: str) -> set[str]:
     runs = ArtifactStore().read_pandas("runs")
     tags = runs["tags"].map(dict)
@@ -112,6 +122,11 @@ def test_the_loop_resumes_a_killed_iteration_then_improves_again_then_stops(
     second = loop.improve(request.model_copy(update={"min_new_runs": 1}))
     assert second.iteration == 2 and second.since == first.until and second.runs.total > 0
     assert second.finished and second.stopped is None
+    # OrchRM is retrained on the pairs of every stored run, the window's runs adding the new
+    # ones: never on the window's pairs alone (a handful, judged on a handful held out)
+    assert second.orchrm_trained and second.pairs_new == sum(second.pairs_by_source.values())
+    assert _pairs_trained(second.orchrm_uri) > second.pairs_new
+    assert _pairs_trained(second.orchrm_uri) >= _pairs_trained(first.orchrm_uri)
     assert second.runs.total == len(runs[runs["created_at"] >= first.until])
     # fresh: store: the round samples questions no earlier training sampled
     assert _guided_questions(second.conductor_run_id).isdisjoint(
@@ -134,7 +149,8 @@ def test_the_loop_resumes_a_killed_iteration_then_improves_again_then_stops(
     from prefect_conductor.tasks.assets import model_asset, table_asset
 
     conductor = model_asset("conductor", second.conductor_uri.rsplit("/", 1)[-1])
-    orchrm = model_asset("orchrm", first.orchrm_uri.rsplit("/", 1)[-1])  # the champion
+    guide = second.orchrm_uri if second.orchrm_promoted else first.orchrm_uri  # the champion
+    orchrm = model_asset("orchrm", guide.rsplit("/", 1)[-1])
     runs_table, pairs_table = table_asset("runs"), table_asset("pairs")
     upstream = _materialized({conductor, orchrm, pairs_table, runs_table})
     assert {runs_table, table_asset("steps"), orchrm} <= upstream[conductor]

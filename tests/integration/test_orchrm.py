@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from prefect_conductor.conductor.data.store import ArtifactStore
@@ -327,6 +328,24 @@ def test_pairs_can_be_limited_to_one_split(world):
     }
     for pair in only_test.train + only_test.test:
         assert pair["input"].splitlines()[0].removeprefix("Question: ") in test_questions
+
+
+def test_new_since_counts_the_pairs_of_recent_runs_but_every_pair_is_trained_on(world):
+    from prefect_conductor.conductor.pool import load_pool
+    from prefect_conductor.tasks.reward_model import build_reward_pairs
+
+    pool = load_pool(world["pool"])
+    every = build_reward_pairs.fn(world["request"], pool, "x")
+    created = sorted(ArtifactStore().read_pandas("runs")["created_at"])
+    news = []
+    for cut in (created[0], created[len(created) // 2], created[-1] + pd.Timedelta(seconds=1)):
+        since = world["request"].model_copy(update={"new_since": cut.isoformat()})
+        built = build_reward_pairs.fn(since, pool, "x")
+        assert (built.train, built.test) == (every.train, every.test)  # trained on every pair
+        assert built.new == sum(built.stats["new"]["by_source"].values())
+        news.append(built.new)
+    # every run is recent: every pair is new; none is: nothing is new; halfway: in between
+    assert news[0] == len(every.train) + len(every.test) > news[1] >= news[2] == 0
 
 
 def _cli(tmp_path: Path, *args: str):
