@@ -102,7 +102,9 @@ def _balanced_draw(
 
 
 def _head_to_head(
-    sets: set[tuple[str, ...]], attempts: dict[tuple[str, ...], dict[str, bool]]
+    sets: set[tuple[str, ...]],
+    attempts: dict[tuple[str, ...], dict[str, bool]],
+    memo: dict[tuple[tuple[str, ...], tuple[str, ...]], int],
 ) -> dict[tuple[str, ...], int]:
     """For each worker set of ``sets``, how many more questions it was right on than each
     other set of ``sets``, summed, counting only questions both were tried on.
@@ -113,13 +115,18 @@ def _head_to_head(
     rhyme that happens to contain the answer), each of them one the chat model was right on
     too (8 of 20); the shortest-plan rule made half of those four the distractor's plan, the
     balanced draw repeated them, and the self-sampling rounds that followed sent facts to
-    the distractor 30 times against the chat model's 4.
+    the distractor 30 times against the chat model's 4. ``memo`` keeps each pair's margin,
+    so a store of many questions compares each pair of sets once.
     """
     score = dict.fromkeys(sets, 0)
     for a in sets:
         for b in sets - {a}:
-            shared = attempts.get(a, {}).keys() & attempts.get(b, {}).keys()
-            score[a] += sum(attempts[a][q] for q in shared) - sum(attempts[b][q] for q in shared)
+            if (a, b) not in memo:
+                shared = attempts.get(a, {}).keys() & attempts.get(b, {}).keys()
+                memo[a, b] = sum(attempts[a][q] for q in shared) - sum(
+                    attempts[b][q] for q in shared
+                )
+            score[a] += memo[a, b]
     return score
 
 
@@ -210,8 +217,9 @@ def warm_start_examples(
             },
         )
     rows: list[dict[str, Any]] = []
+    memo: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
     for plans in candidates.values():
-        score = _head_to_head({p["workers"] for p in plans.values()}, attempts)
+        score = _head_to_head({p["workers"] for p in plans.values()}, attempts, memo)
         order = sorted(plans, key=lambda t: (-score[plans[t]["workers"]], len(t)))
         rows.extend(plans[t] for t in order[:per_question])
     if limit is not None:
