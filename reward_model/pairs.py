@@ -59,6 +59,7 @@ from prefect_conductor.reward_model.documents import (
 
 __all__ = [
     "PAIR_SOURCES",
+    "source_counts",
     "PAIR_RUN_COLUMNS",
     "PAIR_STEP_COLUMNS",
     "PairConfig",
@@ -449,7 +450,6 @@ def build_pairs(
 
     rows: list[dict[str, Any]] = []
     used: dict[str, dict[str, int]] = {s: {} for s in PAIR_SOURCES}  # run id -> tokens
-    unreferenced: dict[str, int] = dict.fromkeys(PAIR_SOURCES, 0)  # neither run verified
     seen: set[str] = set()
     for source in PAIR_SOURCES:  # source-major, so the first source keeps a shared pair
         for key, question_runs in grouped.items():
@@ -470,8 +470,6 @@ def build_pairs(
                 kept += 1
                 for run in (c.chosen_run, c.rejected_run):
                     used[source][run.run_id] = run.tokens
-                if c.chosen_run.correct is None and c.rejected_run.correct is None:
-                    unreferenced[source] += 1
                 rows.append(
                     {
                         "pair_id": pair_id,
@@ -488,7 +486,19 @@ def build_pairs(
                     }
                 )
     pairs = pd.DataFrame(rows, columns=_COLUMNS).astype({"margin": "float64", "truncated": "bool"})
+    verified = {r.run_id for runs in grouped.values() for r in runs if r.correct is not None}
+    unreferenced = source_counts(pairs, verified)["unreferenced"]
     return PairSet(pairs=pairs, stats={**_stats(pairs, used, config), "unreferenced": unreferenced})
+
+
+def source_counts(pairs: pd.DataFrame, verified: set[str]) -> dict[str, dict[str, int]]:
+    """``{"by_source": …, "unreferenced": …}`` of ``pairs``; a pair is unreferenced when
+    neither of its runs is in ``verified`` (runs with a reference, so verified either way)."""
+    unverified = ~(pairs["chosen_run_id"].isin(verified) | pairs["rejected_run_id"].isin(verified))
+    return {
+        "by_source": {s: int((pairs["source"] == s).sum()) for s in PAIR_SOURCES},
+        "unreferenced": {s: int(((pairs["source"] == s) & unverified).sum()) for s in PAIR_SOURCES},
+    }
 
 
 def _per_1k(pairs: int, tokens: int) -> float | None:

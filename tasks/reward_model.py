@@ -35,11 +35,11 @@ from prefect_conductor.reward_model.model import (
 )
 from prefect_conductor.reward_model.pairs import (
     PAIR_RUN_COLUMNS,
-    PAIR_SOURCES,
     PAIR_STEP_COLUMNS,
     PairConfig,
     build_pairs,
     pairs_table,
+    source_counts,
 )
 from prefect_conductor.tasks.registry import download_registered
 from prefect_conductor.tasks.tracking import (
@@ -151,12 +151,13 @@ def build_reward_pairs(request: RewardModelRequest, pool: Pool, pair_set: str) -
     stored = store.read("pairs", columns=["pair_id"])["pair_id"].to_pylist()
     fresh = pairs[~pairs["pair_id"].isin(set(stored))]
     new = fresh if request.new_since is None else _touching(pairs, runs, request.new_since)
+    verified = set(runs.loc[runs["correct"].notna(), "run_id"])
     rows = pairs[_PAIR_COLUMNS].to_dict("records")
     return BuiltPairs(
         train=[r for r in rows if r["split"] == "train"],
         test=[r for r in rows if r["split"] == "test"],
         new=len(new),
-        stats={**built.stats, "new": _by_source(new, runs)},
+        stats={**built.stats, "new": source_counts(new, verified)},
         table=pairs_table(fresh, pair_set),
     )
 
@@ -165,17 +166,6 @@ def _touching(pairs: pd.DataFrame, runs: pd.DataFrame, since: str) -> pd.DataFra
     """The pairs with a run created at or after ``since``: what those runs added."""
     recent = set(_runs_since(runs, since)["run_id"])
     return pairs[pairs["chosen_run_id"].isin(recent) | pairs["rejected_run_id"].isin(recent)]
-
-
-def _by_source(pairs: pd.DataFrame, runs: pd.DataFrame) -> dict[str, dict[str, int]]:
-    """``{"by_source": …, "unreferenced": …}`` of ``pairs`` (unreferenced: neither run had a
-    reference, so neither was verified)."""
-    verified = set(runs.loc[runs["correct"].notna(), "run_id"])
-    unverified = ~(pairs["chosen_run_id"].isin(verified) | pairs["rejected_run_id"].isin(verified))
-    return {
-        "by_source": {s: int((pairs["source"] == s).sum()) for s in PAIR_SOURCES},
-        "unreferenced": {s: int(((pairs["source"] == s) & unverified).sum()) for s in PAIR_SOURCES},
-    }
 
 
 @task(
