@@ -35,6 +35,7 @@ __all__ = [
     "kill_mid_question",
     "on_host",
     "running_on",
+    "subscribed_workers",
     "tagged_rows",
     "write_pool",
 ]
@@ -136,12 +137,17 @@ def running_on(api_url: str, worker: str) -> int:
     return len(answer.json())
 
 
-def subscribed(api_url: str, worker: str) -> bool:
-    """Whether ``worker``'s task worker holds an open subscription on the Prefect server
-    (Prefect's client id is ``<hostname>-<pid>``, as ``worker`` is)."""
+def subscribed_workers(api_url: str) -> list[str]:
+    """The task workers holding an open subscription on the Prefect server (Prefect's
+    client id, ``<hostname>-<pid>``)."""
     answer = httpx.post(f"{api_url}/task_workers/filter", json={}, timeout=30)
     answer.raise_for_status()
-    return any(w.get("identifier") == worker for w in answer.json())
+    return [w.get("identifier") for w in answer.json()]
+
+
+def subscribed(api_url: str, worker: str) -> bool:
+    """Whether ``worker``'s task worker holds an open subscription on the Prefect server."""
+    return worker in subscribed_workers(api_url)
 
 
 class Serve:

@@ -28,6 +28,7 @@ from prefect_conductor.testing.fleet import (
     host_env,
     kill_mid_question,
     on_host,
+    subscribed_workers,
     tagged_rows,
     write_pool,
 )
@@ -38,6 +39,7 @@ stack = test_stack.stack  # the module's own stack of services (a module-scoped 
 
 QUESTIONS = 36  # in the data set; the kill test uses them all
 SLEEP_S = 2.0  # the fake worker's latency: long enough to kill a worker mid-question
+SERVE_LIMIT = 2  # questions a fleet serve runs at once (the eval sends 8)
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +52,12 @@ def fleet(stack, tmp_path_factory) -> Iterator[dict[str, Any]]:
         for i in range(QUESTIONS)
     )
     data.write_text("\n".join(json.dumps(row) for row in rows))
-    # Questions that take the sleepy worker's latency: a serve runs --limit (4) at once, so
-    # no single serve can drain them all before the other polls (instant calculator questions
-    # all went to one serve once, under load).
+    # Questions that take the sleepy worker's latency, sent 8 at a time (``eval_args``) to
+    # serves that run SERVE_LIMIT at once: a serve holds at most SERVE_LIMIT + 1 (Prefect's
+    # subscription acknowledges one more while the limiter is full), so however the server
+    # orders its subscribers, some of the 8 wait in its queue for the other serve (instant
+    # calculator questions all went to one serve once, under load; with --limit 4, 16 slept
+    # questions did too, twice in CI).
     slow = directory / "slept.jsonl"
     slow.write_text(
         "\n".join(
@@ -67,7 +72,7 @@ def fleet(stack, tmp_path_factory) -> Iterator[dict[str, Any]]:
             for i in range(16)
         )
     )
-    serves = [Serve(host, pool) for host in stack["hosts"][:2]]
+    serves = [Serve(host, pool, limit=SERVE_LIMIT) for host in stack["hosts"][:2]]
     try:
         for serve in serves:
             serve.wait_ready()
@@ -75,6 +80,15 @@ def fleet(stack, tmp_path_factory) -> Iterator[dict[str, Any]]:
     finally:
         for serve in serves:
             serve.stop()
+
+
+def _logs(fleet: dict[str, Any]) -> str:
+    """The fleet serves' log tails and the task workers the Prefect server lists: what a
+    failure of the fan-out needs to be read."""
+    serves = fleet["serves"]
+    listed = subscribed_workers(serves[0].api_url)
+    tails = "\n".join(f"--- {s.id} ---\n{s.log.read_text()[-1500:]}" for s in serves)
+    return f"listed: {listed}\n{tails}"
 
 
 def _eval_args(fleet: dict[str, Any], strategy: str, limit: int, data: str = "data") -> list[str]:
@@ -93,7 +107,7 @@ def test_an_eval_fans_out_over_two_hosts_into_one_store_and_one_mlflow_run(stack
     assert len({r["run_id"] for r in rows}) == 16 and all(r["correct"] for r in rows)
     # Both hosts' serve processes answered, and no question ran on the eval's host itself.
     served = Counter(r["served_by"] for r in rows)
-    assert set(served) == {s.id for s in fleet["serves"]}, served
+    assert set(served) == {s.id for s in fleet["serves"]}, (served, _logs(fleet))
 
     tracked = on_host(
         second,
