@@ -51,6 +51,7 @@ from prefect_conductor.reward_model.model import CHAMPION
 from prefect_conductor.reward_model.rewards import (
     CheckedOrchRMReward,
     OrchRMReward,
+    agreement_warning,
     order_agreement,
 )
 from prefect_conductor.tasks.artifacts import RunBatch
@@ -406,6 +407,8 @@ class Training:
         self.current = outcome.adapter_dir
         if isinstance(reward, CheckedOrchRMReward):
             checked = [s["executed_reward"] for s in reward.samples if s["executed"]]
+            if warning := agreement_warning(stage.name, reward.checks):
+                _logger().warning(warning)
             return StageReport(
                 stage=stage.name,
                 kind=stage.kind,

@@ -31,7 +31,7 @@ from prefect_conductor.conductor.training.rewards import (
 )
 from prefect_conductor.reward_model.model import load_reward_model
 
-__all__ = ["CheckedOrchRMReward", "OrchRMReward", "order_agreement"]
+__all__ = ["CheckedOrchRMReward", "OrchRMReward", "agreement_warning", "order_agreement"]
 
 
 class OrchRMReward:
@@ -89,6 +89,25 @@ def order_agreement(checks: list[tuple[float, float]]) -> float | None:
             same = (score_i - score_j) * (reward_i - reward_j)
             agree += 1.0 if same > 0 else 0.5 if same == 0 else 0.0
     return agree / pairs if pairs else None
+
+
+def agreement_warning(stage: str, checks: list[tuple[float, float]]) -> str | None:
+    """One line for a GRPO stage whose OrchRM ordered its checked rollouts worse than chance
+    (the reward it trained on may be misleading), else ``None``.
+
+    >>> agreement_warning("grpo", [(0.1, 1.0), (0.8, 0.5), (0.9, 0.5)])[:55]
+    'grpo: OrchRM ordered the checked rollouts worse than ch'
+    >>> agreement_warning("grpo", [(0.9, 1.0), (0.1, 0.5)]) is None
+    True
+    """
+    agreement = order_agreement(checks)
+    if agreement is None or agreement >= 0.5:
+        return None
+    return (
+        f"{stage}: OrchRM ordered the checked rollouts worse than chance (orchrm_agreement "
+        f"{agreement:.2f} over {len(checks)} checked); its reward may mislead this conductor: "
+        "raise execute_fraction or retrain OrchRM"
+    )
 
 
 class CheckedOrchRMReward:

@@ -7,7 +7,11 @@ import math
 import pytest
 from prefect_conductor.conductor.pool import load_pool
 from prefect_conductor.conductor.training.rewards import RolloutOutcome
-from prefect_conductor.reward_model.rewards import CheckedOrchRMReward, order_agreement
+from prefect_conductor.reward_model.rewards import (
+    CheckedOrchRMReward,
+    agreement_warning,
+    order_agreement,
+)
 
 VALID = "model_id = [0]\nsubtasks = ['2 + 3']\naccess_list = [[]]"
 OTHER = "model_id = [1]\nsubtasks = ['2 + 3']\naccess_list = [[]]"
@@ -86,3 +90,15 @@ def test_exactly_the_fraction_of_rollouts_runs_over_the_stage(fraction):
 def test_a_fraction_outside_zero_to_one_is_refused():
     with pytest.raises(ValueError, match="fraction"):
         CheckedOrchRMReward(_Scorer(), lambda rs, step: [], 0.0)
+
+
+def test_a_stage_whose_orchrm_orders_its_checks_worse_than_chance_is_warned_about():
+    # The measured case (issue #41): one right rollout among 8 checked, scored below the 7
+    # wrong ones.
+    wrong_first = [(0.2, 1.0)] + [(0.6 + i / 100, 0.5) for i in range(7)]
+    line = agreement_warning("grpo", wrong_first)
+    assert line is not None and "orchrm_agreement 0.00 over 8 checked" in line
+    assert line.startswith("grpo: ") and "\n" not in line
+    assert agreement_warning("grpo", [(0.9, 1.0), (0.2, 0.5), (0.4, 0.5)]) is None  # agrees
+    assert agreement_warning("grpo", [(0.5, 1.0), (0.5, 0.5)]) is None  # chance: no warning
+    assert agreement_warning("grpo", [(0.3, 0.5), (0.7, 0.5)]) is None  # no pair to judge
