@@ -57,7 +57,9 @@ ORDERS = {"mixed": MIXED_DOMAINS, "arithmetic": ("expression", "word")}
 
 
 def domain_of(dataset: str, meta: dict[str, Any]) -> str:
-    if dataset == "mixed":
+    """A question's domain: ``mixed`` and data files say it (``domain``); the arithmetic
+    set's level 3 is word problems."""
+    if "domain" in meta:
         return meta["domain"]
     return "word" if meta.get("level") == 3 else "expression"
 
@@ -86,7 +88,7 @@ def measure(dataset: str, limit: int, args: argparse.Namespace) -> dict[str, Any
     walls["conductor"] = round(time.perf_counter() - started, 1)
     rows = eval_rows(summary, ("correct", "format_valid", "workflow_json"))
     conductor = {q: bool(r["correct"]) for q, r in rows.items()}
-    order = ORDERS[dataset]
+    order = ORDERS.get(dataset) or tuple(dict.fromkeys(domains.values()))
     table_rows = tabulate(verdicts, domains, order, extra={"conductor": conductor})
     topo: dict[str, Counter] = defaultdict(Counter)
     routed: dict[str, list[bool]] = defaultdict(list)
