@@ -168,8 +168,9 @@ def plot(m: dict[str, Any], path: Path) -> Path:
         )
         marker = "s" if name.startswith("grpo") else "o"
         ax.scatter(r["worker_calls"], r["accuracy"] * 100, color=color, marker=marker, zorder=3)
+        below = name.startswith("grpo")  # GRPO labels under their points: none overlap
         ax.annotate(name, (r["worker_calls"], r["accuracy"] * 100), textcoords="offset points",
-                    xytext=(5, 5), fontsize=8)  # fmt: skip
+                    xytext=(5, -12 if below else 5), fontsize=8)  # fmt: skip
     ax.set_xlabel("worker calls spent by the training stage")
     ax.set_ylabel(f"held-out accuracy, % ({m['heldout']} mixed test questions)")
     ax.set_xlim(left=0)
