@@ -65,7 +65,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     data = str(args.data.resolve())
-    m = measure(data, sum(1 for line in open(data) if line.strip()), args)
+    m = measure(data, sum(1 for line in Path(data).read_text().splitlines() if line.strip()), args)
     result = {"conductor": args.conductor, "data": data, **m, "goals": goals(m)}
     if args.json:
         print(json.dumps(result, indent=2))
