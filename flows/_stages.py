@@ -258,7 +258,9 @@ class Training:
 
     def sft(self, name: str, settings: SftSettings, new_plans: bool = False) -> StageReport:
         runs = ArtifactStore().read_pandas("runs")
-        if settings.data == "training":
+        if settings.stages is not None:
+            runs = tagged_runs(runs, self.run_id, stages=settings.stages)
+        elif settings.data == "training":
             runs = tagged_runs(runs, self.run_id)
         examples = warm_start_examples(
             runs,

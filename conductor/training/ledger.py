@@ -11,6 +11,7 @@ both were spent. Pure: pandas in, numbers out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -48,14 +49,22 @@ def _tags(value: Any) -> dict[str, str]:
     return dict(value.items() if isinstance(value, dict) else value)
 
 
-def tagged_runs(runs: pd.DataFrame, train_run: str, stage: str | None = None) -> pd.DataFrame:
-    """The rows of ``runs`` tagged with this training (and ``stage``)."""
+def tagged_runs(
+    runs: pd.DataFrame,
+    train_run: str,
+    stage: str | None = None,
+    stages: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The rows of ``runs`` tagged with this training (and ``stage``, or one of ``stages``)."""
     if runs.empty:
         return runs
     tags = runs["tags"].map(_tags)
     keep = tags.map(lambda t: t.get("train_run") == train_run)
     if stage is not None:
         keep &= tags.map(lambda t: t.get("train_stage") == stage)
+    if stages is not None:
+        wanted = set(stages)
+        keep &= tags.map(lambda t: t.get("train_stage") in wanted)
     return runs[keep]
 
 

@@ -131,6 +131,13 @@ class SftSettings(BaseModel):
         description="Verified plans of the whole store (outside the held-out questions), or "
         "only of this training's own runs.",
     )
+    stages: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Only the verified plans of these stages of this training (this one or "
+        "earlier ones; a self-sample stage's name covers its rounds), e.g. a curriculum "
+        "round that learns its own plans without replaying every collected one.",
+    )
 
 
 class _Stage(BaseModel):
@@ -285,13 +292,17 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _names(self) -> Recipe:
         expanded: list[Any] = []
+        bases: list[str] = []
         for stage in self.stages:
             base = stage.name or stage.kind
             if isinstance(stage, SelfSampleStage) and stage.rounds > 1:
                 for i in range(1, stage.rounds + 1):
                     expanded.append(stage.model_copy(update={"name": f"{base}-{i}", "rounds": 1}))
+                    bases.append(base)
             else:
                 expanded.append(stage.model_copy(update={"name": base}))
+                bases.append(base)
+        expanded = [_resolve_sft_stages(expanded, bases, i) for i in range(len(expanded))]
         last = expanded[-1] if expanded else None
         if not (
             isinstance(last, EvalStage)
@@ -318,6 +329,31 @@ class Recipe(BaseModel):
     def to_yaml(self) -> str:
         """The recipe as it runs (rounds expanded, defaults filled in)."""
         return yaml.dump(self.model_dump(mode="json"), Dumper=_Dumper, sort_keys=False)
+
+
+def _resolve_sft_stages(stages: list[Any], bases: list[str], i: int) -> Any:
+    """Stage ``i`` with its SFT's ``stages`` written as the expanded stage names they cover
+    (this stage and the ones before it; a round-expanded name covers its rounds so far)."""
+    stage = stages[i]
+    settings = stage if isinstance(stage, SftStage) else getattr(stage, "sft", None)
+    if settings is None or settings.stages is None:
+        return stage
+    field = "stages" if settings is stage else "sft.stages"
+    names: list[str] = []
+    for wanted in settings.stages:
+        upto = zip(stages[: i + 1], bases[: i + 1], strict=True)
+        hits = [s.name for s, base in upto if wanted in (s.name, base)]
+        if not hits:
+            earlier = ", ".join(dict.fromkeys(bases[: i + 1]))
+            raise ValueError(
+                f"stage {stage.name}: {field}: {wanted!r} is not this stage or an earlier one "
+                f"({earlier})"
+            )
+        names.extend(h for h in hits if h not in names)
+    resolved = settings.model_copy(update={"stages": names})
+    if settings is stage:
+        return resolved
+    return stage.model_copy(update={"sft": resolved})
 
 
 class _Dumper(yaml.SafeDumper):
