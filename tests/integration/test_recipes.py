@@ -50,7 +50,8 @@ def tiny_recipe(data, tiny_base, **changes) -> dict:
             {"kind": "collect", "name": "collect", "questions": {"limit": 2}},
             {"kind": "sft", "name": "warm-start", "num_train_epochs": 1},
             {"kind": "self-sample", "name": "round", "questions": {"limit": 2},
-             "num_generations": 2, "sft": {"init": "previous", "num_train_epochs": 1}},
+             "num_generations": 2,
+             "sft": {"init": "previous", "num_train_epochs": 1, "stages": ["round"]}},
             {"kind": "grpo", "name": "grpo", "max_steps": 1, "num_generations": 2,
              "per_device_train_batch_size": 2, "max_completion_length": 16,
              "questions": {"limit": 2, "fresh": False}},
@@ -93,6 +94,14 @@ def test_a_recipe_of_every_stage_kind_runs_and_its_ledger_adds_up(setup, tiny_ba
         for s in ("collect", "round")
     }  # fmt: skip
     assert stage_q["collect"].isdisjoint(stage_q["round"])
+    # the round's SFT learns the round's own verified plans only (``sft.stages``), not the
+    # collected ones the warm start learned
+    right_in_round = {
+        r.question_id for r, t in zip(runs.itertuples(), tags, strict=True)
+        if t["train_stage"] == "round" and r.correct in (True, 1)
+    }  # fmt: skip
+    assert by["warm-start"].examples > 0
+    assert bool(by["round"].examples) == bool(right_in_round)
     ledger = {e.stage: e for e in result.ledger}
     stages = [e for e in result.ledger if e.stage != "total"]
     called = int((steps["status"] != "skipped").sum())

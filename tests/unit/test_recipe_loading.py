@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from prefect_conductor.conductor.training.config import TrainConductorRequest
-from prefect_conductor.conductor.training.ledger import ledger_total, stage_ledger
+from prefect_conductor.conductor.training.ledger import ledger_total, stage_ledger, tagged_runs
 from prefect_conductor.conductor.training.progress import FinishedStage, Progress
 from prefect_conductor.conductor.training.recipe import (
     GrpoStage,
@@ -35,6 +35,41 @@ def test_rounds_expand_into_one_stage_each_and_an_after_eval_is_added():
     )
     assert [s.name for s in recipe.stages] == ["sft", "r-1", "r-2", "r-3", "after"]
     assert all(s.rounds == 1 for s in recipe.stages[1:4])
+
+
+def test_an_sft_names_the_stages_whose_plans_it_learns_a_round_name_covering_its_rounds():
+    recipe = recipe_from_dict(
+        {"stages": [
+            {"kind": "collect"},
+            {"kind": "self-sample", "name": "easy", "rounds": 2, "sft": {"stages": ["easy"]}},
+            {"kind": "self-sample", "name": "hard", "sft": {"stages": ["easy", "hard"]}},
+            {"kind": "sft", "name": "mix", "stages": ["collect", "easy-2", "easy"]},
+        ]}
+    )  # fmt: skip
+    sft = {s.name: (s.sft if s.kind == "self-sample" else s).stages for s in recipe.stages[1:5]}
+    assert sft == {
+        "easy-1": ["easy-1"],  # its own round: its rounds *so far*
+        "easy-2": ["easy-1", "easy-2"],
+        "hard": ["easy-1", "easy-2", "hard"],
+        "mix": ["collect", "easy-2", "easy-1"],  # in the order named, each once
+    }
+    assert recipe.stages[0].kind == "collect"  # an SFT that names nothing keeps ``data``
+    with pytest.raises(RecipeError) as caught:
+        recipe_from_dict({"stages": [{"kind": "sft", "stages": ["later"]}, {"kind": "collect"}]})
+    text = str(caught.value)
+    assert "\n" not in text
+    assert "stage sft: stages: 'later' is not this stage or an earlier one (sft)" in text
+    with pytest.raises(RecipeError, match="stage r: sft.stages: 'r-2' is not this stage"):
+        recipe_from_dict(
+            {"stages": [{"kind": "self-sample", "name": "r", "sft": {"stages": ["r-2"]}}]}
+        )
+
+
+def test_tagged_runs_keeps_the_named_stages_of_this_training_only():
+    runs, _ = _tables()
+    assert list(tagged_runs(runs, "T", stages=["s2"])["run_id"]) == ["b", "c"]
+    assert list(tagged_runs(runs, "T", stages=["s1", "s2"])["run_id"]) == ["a", "b", "c"]
+    assert tagged_runs(runs, "T", stages=["s3"]).empty
 
 
 def test_set_overrides_a_stage_by_name_or_index_with_yaml_values():
