@@ -150,8 +150,24 @@ def goals(
             (a["word_accuracy"] or 0) >= 0.5),
     ]  # fmt: skip
     if train is not None:
+        out += _shipped_quality(m, a, row)
         out += _cost(train, train_goal_min, row)
     return out
+
+
+def _shipped_quality(m: dict[str, Any], a: dict[str, Any], row: Any) -> list[dict]:
+    """Issue #40's row for a recipe's conductor: the shipped conductor's quality (mixed and
+    arithmetic >= 85 %, word problems >= 60 % on both splits; valid plans are rows above)."""
+    return [
+        row("recipe: mixed test accuracy", m["conductor_accuracy"], ">= 85 %",
+            m["conductor_accuracy"] >= 0.85),
+        row("recipe: arithmetic test accuracy", a["conductor_accuracy"], ">= 85 %",
+            a["conductor_accuracy"] >= 0.85),
+        row("recipe: word problems (mixed)", m["word_accuracy"], ">= 60 %",
+            (m["word_accuracy"] or 0) >= 0.6),
+        row("recipe: word problems (arithmetic)", a["word_accuracy"], ">= 60 %",
+            (a["word_accuracy"] or 0) >= 0.6),
+    ]  # fmt: skip
 
 
 def _cost(train: dict[str, Any], goal_min: float, row: Any) -> list[dict]:

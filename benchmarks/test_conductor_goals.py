@@ -47,6 +47,11 @@ def test_goals_are_met_only_by_the_measured_figures():
     assert not rows["valid plans (arithmetic)"]["met"]
     assert not rows["moonshot: word problems (mixed)"]["met"]
     assert not rows["train-conductor --recipe shipped (min)"]["met"]  # 125 min > 120
+    # issue #40's shipped-quality row, for a recipe's conductor only
+    assert not rows["recipe: mixed test accuracy"]["met"]  # 63 % < 85 %
+    assert not rows["recipe: word problems (arithmetic)"]["met"]
+    assert not any(m.startswith("recipe: ") for m in
+                   {g["measure"] for g in goals(mixed, arith, None)})  # fmt: skip
     assert "training worker calls (ledger total)" not in rows  # a result without a ledger
     worse = {g["measure"]: g for g in goals({**mixed, "conductor_accuracy": 0.5}, arith, None)}
     assert not worse["mixed test accuracy"]["met"]
@@ -77,3 +82,8 @@ def test_the_cost_rows_time_the_whole_command_and_check_the_ledger_against_the_s
     assert _value(rows["training cost USD (ledger total)"]) == "0.0125"
     assert _value(minutes) == "110.0"
     assert _value(rows["mixed test accuracy"]) == "90.0%"
+    assert rows["recipe: mixed test accuracy"]["met"]  # 90 % >= 85 %
+    assert rows["recipe: word problems (mixed)"]["met"]  # 80 % >= 60 %
+    assert not {g["measure"]: g for g in goals({**m, "word_accuracy": 0.59}, m, train)}[
+        "recipe: word problems (mixed)"
+    ]["met"]
