@@ -18,16 +18,18 @@ then reads every eval's per-question rows back from the Parquet runs table (by `
 
     python -m benchmarks.conductor_goals [--limit 200] [--arith-limit 200]
         [--conductor champion] [--recipe NAME|FILE [--set KEY=VALUE ...]]
-        [--train-result result.json] [--json]
+        [--train-result result.json [--train-wall-s S]] [--json]
 
 ``--recipe`` trains first, in this invocation and this home: ``conductor train-conductor
 --recipe NAME|FILE --set … --no-promote --json`` (a built-in such as ``shipped``, the recipe
 of the embedded conductor, or a file), timed as one command, and then measures the conductor
 that training registered instead of ``--conductor``. ``--train-result`` reads the ``--json``
-output of a training run earlier instead. Either gives the cost rows (issue #40): the
+output of a training run earlier instead (``--train-wall-s``: the command's wall time as the
+shell timed it; run in that training's home). Either gives issue #40's rows: the shipped
+conductor's quality (mixed and arithmetic >= 85 %, word problems >= 60 % on both), the
 command's wall time against ``--train-goal-min`` (120: the shipped recipe's goal), the
-ledger's total worker calls, tokens and cost, and, for a training of this invocation, whether
-the ledger's worker calls equal the ``steps`` table's rows of its runs. Evals go to
+ledger's total worker calls, tokens and cost, and, when the training's runs are in this home,
+whether the ledger's worker calls equal the ``steps`` table's rows of its runs. Evals go to
 ``$CONDUCTOR_HOME``, as for ``conductor eval``.
 """
 
@@ -236,6 +238,10 @@ def main() -> int:
         help="a recipe override for --recipe (repeatable), e.g. stages.grpo.max_steps=0",
     )  # fmt: skip
     ap.add_argument("--train-result", type=Path, help="train-conductor --json output")
+    ap.add_argument(
+        "--train-wall-s", type=float,
+        help="with --train-result: the command's wall time as the shell timed it",
+    )  # fmt: skip
     ap.add_argument("--train-goal-min", type=float, default=120, help="training time goal")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = ap.parse_args()
@@ -244,7 +250,15 @@ def main() -> int:
     if args.sets and not args.recipe:
         ap.error("--set overrides a setting of --recipe")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.train_wall_s is not None and not args.train_result:
+        ap.error("--train-wall-s times the training of --train-result")
     train = json.loads(args.train_result.read_text()) if args.train_result else None
+    if train is not None:  # run in the training's home, its steps are here to count
+        calls = steps_worker_calls(train["run_id"])
+        if calls:
+            train["steps_worker_calls"] = calls
+        if args.train_wall_s is not None:
+            train["command_wall_s"] = args.train_wall_s
     if args.recipe:
         train = run_training(args.recipe, args.sets, ("--no-promote",))
         train["steps_worker_calls"] = steps_worker_calls(train["run_id"])
