@@ -16,7 +16,9 @@ A hint file is YAML::
 
 Each example's plan is rendered for the pool (``render_plan``, the format the conductor is
 trained on) and checked with the engine's parser, so a hint that names a worker the pool
-lacks, or reads a later step, is one clear error before anything is sampled.
+lacks, or reads a later step, is one clear error before anything is sampled. A step may name
+a built-in tool instead of a worker (``calculator``, ``python``): in a pool that calls its
+calculator ``calc`` the step goes to ``calc``, so the built-in hints fit renamed pools.
 """
 
 from __future__ import annotations
@@ -103,16 +105,22 @@ def _shots(source: str, pool: Pool) -> tuple[str, list[str]]:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise HintError(f"{path}: {where}: {first['msg']}{more}") from None
     names = {w.name for w in pool.workers}
+    by_tool = _tool_workers(pool)
     shots = []
     for n, example in enumerate(hints.examples):
-        unknown = sorted({s.worker for s in example.steps} - names)
+        unknown = sorted({s.worker for s in example.steps} - names - by_tool.keys())
         if unknown:
             raise HintError(
                 f"{path}: examples.{n}: worker {unknown[0]!r} is not in the pool "
                 f"(workers: {', '.join(sorted(names))})"
             )
         steps = tuple(
-            Step(index=i, worker=s.worker, instruction=s.subtask, access=tuple(s.access))
+            Step(
+                index=i,
+                worker=s.worker if s.worker in names else by_tool[s.worker],
+                instruction=s.subtask,
+                access=tuple(s.access),
+            )
             for i, s in enumerate(example.steps)
         )
         text = render_plan(Workflow(steps=steps), pool)
@@ -122,3 +130,14 @@ def _shots(source: str, pool: Pool) -> tuple[str, list[str]]:
             raise HintError(f"{path}: examples.{n}: {exc}") from None
         shots.append(f"Question: {' '.join(example.question.split())}\n{text}")
     return hints.note.strip(), shots
+
+
+def _tool_workers(pool: Pool) -> dict[str, str]:
+    """A built-in tool's name (``calculator``, ``python``) -> the pool's worker that is that
+    tool, whatever the pool calls it (``calc: {model: tool/calculator}``), when exactly one
+    worker is: a hint written for the embedded pool fits a pool of renamed workers."""
+    found: dict[str, list[str]] = {}
+    for worker in pool.workers:
+        if worker.model.startswith("tool/"):
+            found.setdefault(worker.model.removeprefix("tool/"), []).append(worker.name)
+    return {tool: names[0] for tool, names in found.items() if len(names) == 1}

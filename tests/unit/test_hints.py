@@ -55,6 +55,31 @@ def test_each_rotation_ends_with_its_own_example_and_keeps_them_all():
         assert shots[-1] == in_file[1 + k]
 
 
+def test_a_built_in_hint_fits_a_pool_that_renames_its_calculator():
+    """The built-in file names ``calculator``; a pool calling its calculator tool ``calc``
+    gets the steps sent to ``calc`` (issue #40's own pool), and a name that is neither a
+    worker nor a tool the pool has exactly once is still refused."""
+    renamed = POOL.model_copy(
+        update={
+            "workers": [
+                w.model_copy(update={"name": "calc"}) if w.name == "calculator" else w
+                for w in POOL.workers
+            ]
+        }
+    )
+    text = load_hint("word-problems", renamed)
+    for shot in text.split("\n\nQuestion: ")[1:]:
+        plan = parse_plan(shot.split("\n", 1)[1], renamed)
+        assert [s.worker for s in plan.steps] == ["calc"]
+    calc = next(w for w in renamed.workers if w.name == "calc")
+    twice = renamed.model_copy(
+        update={"workers": [*renamed.workers, calc.model_copy(update={"name": "c2"})]}
+    )
+    assert [w.model for w in twice.workers].count("tool/calculator") == 2
+    with pytest.raises(HintError, match="worker 'calculator' is not in the pool"):
+        load_hint("word-problems", twice)
+
+
 def test_a_hint_may_hold_a_chain_of_steps(tmp_path):
     doc = {
         "examples": [
