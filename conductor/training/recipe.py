@@ -185,7 +185,7 @@ class SelfSampleStage(_Stage):
     hints: str | None = Field(
         default=None,
         description="Worked examples in the sampling prompt only (a YAML file "
-        "or a built-in name: word-problems).",
+        "or a built-in name: word-problems, one-operation).",
     )
     guide: Guide | None = Field(
         default=None,

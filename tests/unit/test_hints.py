@@ -38,7 +38,7 @@ def test_the_built_in_word_problem_hint_renders_four_calculator_plans_for_the_po
         plan = parse_plan(shot.split("\n", 1)[1], POOL)  # the format the conductor writes
         assert [s.worker for s in plan.steps] == ["calculator"]
     assert "(8 + 4) * 9" in shots[3] and "tulips" in shots[3]
-    assert set(BUILTIN_HINTS) == {"word-problems"}
+    assert set(BUILTIN_HINTS) == {"word-problems", "one-operation"}
 
 
 def test_each_rotation_ends_with_its_own_example_and_keeps_them_all():
@@ -136,7 +136,7 @@ def test_a_bad_hint_file_is_one_error_naming_the_file_and_the_place(tmp_path, do
 
 def test_a_missing_hint_file_names_the_built_in_ones():
     with pytest.raises(
-        HintError, match=r"^nope.yaml: no such hint file \(built-in: word-problems\)"
+        HintError, match=r"^nope.yaml: no such hint file \(built-in: one-operation, word-problems\)"
     ):
         load_hint("nope.yaml", POOL)
 
