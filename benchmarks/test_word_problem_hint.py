@@ -25,6 +25,18 @@ def test_the_hint_benchmark_takes_the_first_questions_of_each_story_it_is_asked_
     assert len(plain) == 5 and all(e.meta["domain"] == "word" for e in plain)
 
 
+def test_the_hint_benchmark_can_take_one_level_of_the_curriculum_in_its_order():
+    """``--level N``: what a recipe round with ``where: {level: N}`` samples first."""
+    from prefect_conductor.conductor.data.datasets import load_dataset
+
+    one = _questions(0, 8, None, 3, level=1)
+    train = [e for e in load_dataset("words", split="train") if e.meta.get("level") == 1]
+    assert [e.id for e in one] == [e.id for e in train[:8]]
+    three = _questions(0, 4, None, 3, level=3)
+    assert len(three) == 4 and all(e.meta["level"] == 3 for e in three)
+    assert not {e.id for e in one} & {e.id for e in three}
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent / "hints").glob("shape-*.yaml")))
 def test_each_same_shape_hint_of_the_benchmark_holds_one_shape_with_its_own_numbers(path):
     """``benchmarks/hints/shape-*.yaml`` (word_problem_hint.py ``--hint``): three examples

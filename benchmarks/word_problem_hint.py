@@ -25,8 +25,12 @@ the calculator tool (the same function the worker runs) and compared with the re
 which only verifies. Reported per arm: valid plans, calculator plans, plans whose expression
 uses only numbers that appear in the question, right plans, and questions with a right plan.
 
+``--conductor REF`` samples with another adapter (a recipe stage's, to see what the next
+round would find) and ``--level N`` takes the `words` curriculum's level-N training questions
+instead of the mixed set's word problems.
+
     python -m benchmarks.word_problem_hint [--questions 16] [--samples 4] [--json]
-        [--hint FILE ...] [--match REGEX --per-match N]
+        [--hint FILE ...] [--match REGEX --per-match N] [--conductor REF] [--level N]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from prefect_conductor.conductor.adapters import with_conductor
 from prefect_conductor.conductor.data.datasets import load_dataset
 from prefect_conductor.conductor.errors import ConductorError
 from prefect_conductor.conductor.plan.parse import parse_plan
@@ -89,9 +94,14 @@ def _sample(pool: Pool, example: Any, messages: list[dict[str, str]], seed: int)
     return row
 
 
-def _questions(seed: int, questions: int, match: str | None, per_match: int) -> list[Any]:
-    train = load_dataset("mixed", split="train", seed=seed)
-    words = [e for e in train if e.meta.get("domain") == "word"]
+def _questions(
+    seed: int, questions: int, match: str | None, per_match: int, level: int | None = None
+) -> list[Any]:
+    if level is None:
+        train = load_dataset("mixed", split="train", seed=seed)
+        words = [e for e in train if e.meta.get("domain") == "word"]
+    else:  # a level of the built-in ``words`` curriculum, as a recipe's ``where: {level: N}``
+        words = [e for e in load_dataset("words", split="train") if e.meta.get("level") == level]
     if not match:
         return words[:questions]
     chosen = []
@@ -107,9 +117,11 @@ def measure(
     hints: list[str] | None = None,
     match: str | None = None,
     per_match: int = 4,
+    conductor: str | None = None,
+    level: int | None = None,
 ) -> dict[str, Any]:
-    pool = load_pool()
-    words = _questions(seed, questions, match, per_match)
+    pool = with_conductor(load_pool(), conductor) if conductor else load_pool()
+    words = _questions(seed, questions, match, per_match, level)
     arms: dict[str, Any] = {"plain": conductor_messages}
     for hint in hints or [HINT]:
         name = "hint" if hint == HINT else Path(hint).stem
@@ -143,9 +155,14 @@ def main() -> None:
     parser.add_argument("--hint", action="append", help="a hint file; one arm per --hint")
     parser.add_argument("--match", help="only word problems matching this regex")
     parser.add_argument("--per-match", type=int, default=4)
+    parser.add_argument("--conductor", help="an adapter (dir, models:/…) instead of the shipped")
+    parser.add_argument("--level", type=int, help="the `words` curriculum's level N instead")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = measure(args.questions, args.samples, args.seed, args.hint, args.match, args.per_match)
+    result = measure(
+        args.questions, args.samples, args.seed, args.hint, args.match, args.per_match,
+        args.conductor, args.level,
+    )  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
         return
