@@ -35,6 +35,9 @@ def test_the_hint_benchmark_can_take_one_level_of_the_curriculum_in_its_order():
     three = _questions(0, 4, None, 3, level=3)
     assert len(three) == 4 and all(e.meta["level"] == 3 for e in three)
     assert not {e.id for e in one} & {e.id for e in three}
+    assert [e.id for e in _questions(0, 2, None, 3, level=1, skip=64)] == [
+        e.id for e in train[64:66]
+    ]
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent / "hints").glob("shape-*.yaml")))

@@ -27,10 +27,11 @@ uses only numbers that appear in the question, right plans, and questions with a
 
 ``--conductor REF`` samples with another adapter (a recipe stage's, to see what the next
 round would find) and ``--level N`` takes the `words` curriculum's level-N training questions
-instead of the mixed set's word problems.
+instead of the mixed set's word problems (``--skip K``: after the first K, the questions a
+round of ``limit: K`` already used).
 
     python -m benchmarks.word_problem_hint [--questions 16] [--samples 4] [--json]
-        [--hint FILE ...] [--match REGEX --per-match N] [--conductor REF] [--level N]
+        [--hint FILE ...] [--match REGEX --per-match N] [--conductor REF] [--level N [--skip K]]
 """
 
 from __future__ import annotations
@@ -95,13 +96,19 @@ def _sample(pool: Pool, example: Any, messages: list[dict[str, str]], seed: int)
 
 
 def _questions(
-    seed: int, questions: int, match: str | None, per_match: int, level: int | None = None
+    seed: int,
+    questions: int,
+    match: str | None,
+    per_match: int,
+    level: int | None = None,
+    skip: int = 0,
 ) -> list[Any]:
     if level is None:
         train = load_dataset("mixed", split="train", seed=seed)
         words = [e for e in train if e.meta.get("domain") == "word"]
     else:  # a level of the built-in ``words`` curriculum, as a recipe's ``where: {level: N}``
         words = [e for e in load_dataset("words", split="train") if e.meta.get("level") == level]
+        words = words[skip:]
     if not match:
         return words[:questions]
     chosen = []
@@ -119,9 +126,10 @@ def measure(
     per_match: int = 4,
     conductor: str | None = None,
     level: int | None = None,
+    skip: int = 0,
 ) -> dict[str, Any]:
     pool = with_conductor(load_pool(), conductor) if conductor else load_pool()
-    words = _questions(seed, questions, match, per_match, level)
+    words = _questions(seed, questions, match, per_match, level, skip)
     arms: dict[str, Any] = {"plain": conductor_messages}
     for hint in hints or [HINT]:
         name = "hint" if hint == HINT else Path(hint).stem
@@ -157,11 +165,15 @@ def main() -> None:
     parser.add_argument("--per-match", type=int, default=4)
     parser.add_argument("--conductor", help="an adapter (dir, models:/…) instead of the shipped")
     parser.add_argument("--level", type=int, help="the `words` curriculum's level N instead")
+    parser.add_argument(
+        "--skip", type=int, default=0,
+        help="with --level: after the first N (those a round already used)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = measure(
         args.questions, args.samples, args.seed, args.hint, args.match, args.per_match,
-        args.conductor, args.level,
+        args.conductor, args.level, args.skip,
     )  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
