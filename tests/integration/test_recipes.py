@@ -123,6 +123,7 @@ def test_a_recipe_killed_in_its_middle_stage_resumes_there(setup, tiny_base, mon
 
     data, pool, _ = setup
     recipe = {"stages": tiny_recipe(data, tiny_base)["stages"][1:4]}  # collect, sft, round
+    del recipe["stages"][2]["sft"]["stages"]  # the round's SFT learns the collected plans too
     request = _request(data, pool, tiny_base, **recipe)
     sft_calls = []
     real_sft = module.warm_start_train
