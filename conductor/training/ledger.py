@@ -50,18 +50,13 @@ def _tags(value: Any) -> dict[str, str]:
 
 
 def tagged_runs(
-    runs: pd.DataFrame,
-    train_run: str,
-    stage: str | None = None,
-    stages: Iterable[str] | None = None,
+    runs: pd.DataFrame, train_run: str, stages: Iterable[str] | None = None
 ) -> pd.DataFrame:
-    """The rows of ``runs`` tagged with this training (and ``stage``, or one of ``stages``)."""
+    """The rows of ``runs`` tagged with this training (and one of ``stages``)."""
     if runs.empty:
         return runs
     tags = runs["tags"].map(_tags)
     keep = tags.map(lambda t: t.get("train_run") == train_run)
-    if stage is not None:
-        keep &= tags.map(lambda t: t.get("train_stage") == stage)
     if stages is not None:
         wanted = set(stages)
         keep &= tags.map(lambda t: t.get("train_stage") in wanted)
@@ -73,7 +68,7 @@ def stage_ledger(
 ) -> LedgerEntry:
     """``stage``'s entry from the ``runs`` (``run_id``, ``tags``, ``conductor_output``) and
     ``steps`` (``run_id``, ``status``, tokens, ``cost_usd``) tables."""
-    mine = tagged_runs(runs, train_run, stage)
+    mine = tagged_runs(runs, train_run, [stage])
     ids = set(mine["run_id"]) if not mine.empty else set()
     called = steps[steps["run_id"].isin(ids) & (steps["status"] != "skipped")] if ids else steps[:0]
 
