@@ -46,7 +46,7 @@ def test_each_same_shape_hint_of_the_benchmark_holds_one_shape_with_its_own_numb
     of one operation shape, each a calculator plan whose numbers are the question's, in the
     order the question gives them (the elevator's floor numbers are not operands)."""
     pool = load_pool()
-    shots = load_hint(str(path), pool).split("\n\nQuestion: ")[1:]
+    shots = load_hint(str(path), pool).note.split("\n\nQuestion: ")[1:]
     assert len(shots) == 3
     shapes = set()
     for shot in shots:

@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 __all__ = [
     "write_pool_file",
+    "ConductorHint",
     "ConductorSpec",
+    "Shot",
     "WorkerSpec",
     "Pool",
     "load_pool",
@@ -69,6 +71,32 @@ class _Endpoint(BaseModel):
     _check_params = field_validator("params")(classmethod(lambda cls, v: _refuse_secrets(v)))
 
 
+class Shot(BaseModel):
+    """A worked example the conductor reads as an earlier turn of its conversation: the
+    question, then the plan as the conductor writes it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    question: str = Field(min_length=1, max_length=4000)
+    plan: str = Field(min_length=1, max_length=4000)
+
+
+class ConductorHint(BaseModel):
+    """What a conductor reads besides its question: ``note`` at the end of its instructions
+    and ``shots``, worked examples as earlier turns (user: the question; assistant: the
+    plan). A plain string is a note."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    note: str = Field(default="", max_length=20_000)
+    shots: tuple[Shot, ...] = Field(default=(), max_length=16)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, data: Any) -> Any:
+        return {"note": data} if isinstance(data, str) else data
+
+
 class ConductorSpec(_Endpoint):
     """The model that writes plans."""
 
@@ -79,11 +107,11 @@ class ConductorSpec(_Endpoint):
         "(for trained conductors, which learnt the format). Default: what a trained adapter "
         "was trained with, else full.",
     )
-    hint: str | None = Field(
+    hint: ConductorHint | None = Field(
         default=None,
-        max_length=20_000,
-        description="Text added at the end of the conductor's instructions, e.g. worked "
-        "examples (what train-conductor's --self-sample-hints gives the sampling conductor).",
+        description="What the conductor reads besides its question: a text at the end of its "
+        "instructions (a plain string is that note), and worked examples as earlier turns "
+        "(what a recipe's self-sampling hints give the sampling conductor).",
     )
 
 
@@ -201,8 +229,9 @@ class Pool(BaseModel):
             update={"conductor": self.conductor.model_copy(update={"params": params})}
         )
 
-    def with_conductor_hint(self, hint: str) -> Pool:
-        """A copy whose conductor reads ``hint`` after its instructions."""
+    def with_conductor_hint(self, hint: ConductorHint | str) -> Pool:
+        """A copy whose conductor reads ``hint`` (a plain string: after its instructions)."""
+        hint = ConductorHint.model_validate(hint)
         return self.model_copy(
             update={"conductor": self.conductor.model_copy(update={"hint": hint})}
         )

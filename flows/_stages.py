@@ -25,7 +25,7 @@ from prefect_conductor.conductor.plan.requests import (
     OrchestrateRequest,
     RunResult,
 )
-from prefect_conductor.conductor.pool import Pool, load_pool, write_pool_file
+from prefect_conductor.conductor.pool import ConductorHint, Pool, load_pool, write_pool_file
 from prefect_conductor.conductor.training.config import (
     StageReport,
     TrainConductorRequest,
@@ -333,7 +333,11 @@ class Training:
         )
 
     def _guided(
-        self, stage: SelfSampleStage, questions: list[Example], hints: list[str] | None, sample
+        self,
+        stage: SelfSampleStage,
+        questions: list[Example],
+        hints: list[ConductorHint] | None,
+        sample,
     ) -> tuple[list[OrchestrateRequest], int]:
         """OrchRM-guided sampling: every plan is written (no worker call), identical plans
         are merged, OrchRM scores the distinct valid ones plan-only and the top
@@ -521,7 +525,7 @@ class Training:
         return stage_ledger(runs, steps, self.run_id, stage, wall_s)
 
 
-def _sampling_pool(pool: Pool, temperature: float, seed: int, hint: str | None) -> Pool:
+def _sampling_pool(pool: Pool, temperature: float, seed: int, hint: ConductorHint | None) -> Pool:
     sampled = pool.with_conductor_sampling(temperature, seed)
     return sampled.with_conductor_hint(hint) if hint else sampled
 

@@ -131,7 +131,8 @@ def prompt_style(pool: Pool) -> PromptStyle:
 
 def _system(pool: Pool, max_steps: int | None) -> str:
     rules = FORMAT_RULES.format(max_steps=max_steps or pool.max_steps)
-    hint = f"\n\n{pool.conductor.hint.strip()}" if pool.conductor.hint else ""
+    note = pool.conductor.hint.note.strip() if pool.conductor.hint else ""
+    hint = f"\n\n{note}" if note else ""
     if prompt_style(pool) == "compact":
         return f"{rules}\nYour models:\n{describe_pool(pool)}{hint}"
     shots = "\n\n".join(f"Question: {q}\n{a}" for q, a in EXAMPLES)
@@ -144,9 +145,20 @@ def _system(pool: Pool, max_steps: int | None) -> str:
 def conductor_messages(
     question: str, pool: Pool, max_steps: int | None = None
 ) -> list[dict[str, str]]:
-    """Chat messages that ask the conductor for a plan for ``question``."""
+    """Chat messages that ask the conductor for a plan for ``question``; the worked examples
+    of the pool's hint (``hint.shots``) come first as earlier turns of the conversation."""
+    shots = pool.conductor.hint.shots if pool.conductor.hint else ()
+    turns = [
+        turn
+        for shot in shots
+        for turn in (
+            {"role": "user", "content": f"Question: {shot.question}"},
+            {"role": "assistant", "content": shot.plan},
+        )
+    ]
     return [
         {"role": "system", "content": _system(pool, max_steps)},
+        *turns,
         {"role": "user", "content": f"Question: {question}"},
     ]
 

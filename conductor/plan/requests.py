@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from prefect_conductor.conductor.plan.strategies import STRATEGY_EXAMPLES, STRATEGY_PATTERN
+from prefect_conductor.conductor.pool import ConductorHint
 from prefect_conductor.conductor.question import QuestionError, check_question
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError
@@ -89,11 +90,11 @@ class OrchestrateRequest(BaseModel):
         description="Sample the conductor at this temperature (seeded by seed); "
         "default: the pool's setting.",
     )
-    conductor_hint: str | None = Field(
+    conductor_hint: ConductorHint | None = Field(
         default=None,
-        max_length=20_000,
-        description="Text added to the conductor's instructions for this run only (the "
-        "worked examples of hinted self-sampling); default: the pool's hint.",
+        description="What the conductor reads besides its question, for this run only (the "
+        "worked examples of hinted self-sampling; a plain string is a note after its "
+        "instructions); default: the pool's hint.",
     )
 
     @field_validator("question", mode="before")

@@ -3,13 +3,14 @@
 Self-sampling keeps the plans that were verified right, so it learns nothing on a domain where
 the conductor writes none: on word problems the shipped conductor hands the calculator a
 sentence (0 right of 64 samples, ``benchmarks/word_problem_hint.py``). A hint file adds a few
-worked examples to the *sampling* prompt (3 right of 64 with the built-in
-``word-problems`` file); the plans kept are trained with the standard prompt, so the hint is
-never part of what the conductor is trained to see, and the reference still only verifies.
+worked examples to the *sampling* prompt (3 right of 64 with the first ``word-problems``
+file); the plans kept are trained with the standard prompt, so the hint is never part of what
+the conductor is trained to see, and the reference still only verifies.
 
 A hint file is YAML::
 
     note: "Word problems: write the arithmetic expression for the calculator."
+    style: instructions        # or turns
     examples:
       - question: "Sam has 12 marbles and wins 7 more, then loses 4. How many ...?"
         steps: [{worker: calculator, subtask: "12 + 7 - 4"}]   # access: [] by default
@@ -19,19 +20,27 @@ trained on) and checked with the engine's parser, so a hint that names a worker 
 lacks, or reads a later step, is one clear error before anything is sampled. A step may name
 a built-in tool instead of a worker (``calculator``, ``python``): in a pool that calls its
 calculator ``calc`` the step goes to ``calc``, so the built-in hints fit renamed pools.
+
+``style: instructions`` (the default) writes the examples after the note at the end of the
+conductor's instructions; ``style: turns`` gives them as earlier turns of the conversation
+(the question as a user turn, the plan as an assistant turn) and leaves the instructions as
+they are but for the note. A conductor trained on the compact prompt keeps its format with
+turns, where examples in its instructions can break it (issue #40: a curriculum round's
+adapter wrote ``subtasks = [[]]`` for every two-operation problem with the examples as
+instructions).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from prefect_conductor.conductor.errors import ConductorError, PlanError
 from prefect_conductor.conductor.plan.parse import parse_plan
 from prefect_conductor.conductor.plan.prompts import render_plan
 from prefect_conductor.conductor.plan.workflow import Step, Workflow
-from prefect_conductor.conductor.pool import Pool
+from prefect_conductor.conductor.pool import ConductorHint, Pool, Shot
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["BUILTIN_HINTS", "HintError", "hint_rotations", "load_hint"]
@@ -63,6 +72,7 @@ class _HintFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     note: str = ""
+    style: Literal["instructions", "turns"] = "instructions"
     examples: list[_HintExample] = Field(min_length=1, max_length=16)
 
 
@@ -77,25 +87,39 @@ def _read(source: str) -> tuple[Path, Any]:
         raise HintError(f"{path}: cannot read hint file ({' '.join(str(exc).split())})") from None
 
 
-def load_hint(source: str, pool: Pool) -> str:
-    """The hint text of ``source`` (a built-in name or a YAML path) for ``pool``."""
+def load_hint(source: str, pool: Pool) -> ConductorHint:
+    """The hint of ``source`` (a built-in name or a YAML path) for ``pool``, examples in the
+    file's order."""
     return hint_rotations(source, pool)[-1]
 
 
-def hint_rotations(source: str, pool: Pool) -> list[str]:
-    """One hint text per worked example of ``source``, text ``k`` ending with example ``k``
-    (the others before it in file order, rotated). A small conductor copies the example it
-    read last (issue #18: most hinted samples of the built-in file reused its last plan's
-    shape and numbers), so sample ``k`` of a question reads rotation ``k mod n`` and the
-    samples of one question see every example last in turn. The last text is the file's
-    own order (``load_hint``)."""
-    note, shots = _shots(source, pool)
+def hint_rotations(source: str, pool: Pool) -> list[ConductorHint]:
+    """One hint per worked example of ``source``, hint ``k`` ending with example ``k`` (the
+    others before it in file order, rotated). A small conductor copies the example it read
+    last (issue #18: most hinted samples of the built-in file reused its last plan's shape
+    and numbers), so sample ``k`` of a question reads rotation ``k mod n`` and the samples of
+    one question see every example last in turn. The last hint is the file's own order
+    (``load_hint``). ``style: instructions`` puts the examples as text after the note at the
+    end of the instructions; ``style: turns`` gives them as earlier turns of the
+    conversation, the instructions unchanged but for the note."""
+    note, style, shots = _shots(source, pool)
     n = len(shots)
     rotated = [shots[(k + 1) % n :] + shots[: (k + 1) % n] for k in range(n)]
-    return ["\n\n".join(part for part in (note, *order) if part) for order in rotated]
+    if style == "turns":
+        return [ConductorHint(note=note, shots=tuple(order)) for order in rotated]
+    return [
+        ConductorHint(
+            note="\n\n".join(
+                part
+                for part in (note, *(f"Question: {s.question}\n{s.plan}" for s in order))
+                if part
+            )
+        )
+        for order in rotated
+    ]
 
 
-def _shots(source: str, pool: Pool) -> tuple[str, list[str]]:
+def _shots(source: str, pool: Pool) -> tuple[str, str, list[Shot]]:
     path, data = _read(source)
     try:
         hints = _HintFile.model_validate(data)
@@ -128,8 +152,8 @@ def _shots(source: str, pool: Pool) -> tuple[str, list[str]]:
             parse_plan(text, pool)
         except PlanError as exc:
             raise HintError(f"{path}: examples.{n}: {exc}") from None
-        shots.append(f"Question: {' '.join(example.question.split())}\n{text}")
-    return hints.note.strip(), shots
+        shots.append(Shot(question=" ".join(example.question.split()), plan=text))
+    return hints.note.strip(), hints.style, shots
 
 
 def _tool_workers(pool: Pool) -> dict[str, str]:

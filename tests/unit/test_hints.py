@@ -29,30 +29,47 @@ def _file(tmp_path: Path, doc: object) -> str:
     return str(path)
 
 
-def test_the_built_in_word_problem_hint_renders_four_calculator_plans_for_the_pool():
-    text = load_hint("word-problems", POOL)
-    assert text.startswith("Word problems: write the arithmetic expression for the calculator.")
-    shots = text.split("\n\nQuestion: ")[1:]
+def test_the_built_in_word_problem_hint_gives_four_calculator_plans_as_earlier_turns():
+    hint = load_hint("word-problems", POOL)
+    assert hint.note == "" and len(hint.shots) == 4
+    for shot in hint.shots:
+        plan = parse_plan(shot.plan, POOL)  # the format the conductor writes
+        assert [s.worker for s in plan.steps] == ["calculator"]
+    assert "(8 + 4) * 9" in hint.shots[3].plan and "tulips" in hint.shots[3].question
+    assert set(BUILTIN_HINTS) == {"word-problems", "one-operation"}
+
+
+def test_the_built_in_one_operation_hint_is_text_after_the_instructions():
+    hint = load_hint("one-operation", POOL)
+    assert hint.shots == ()
+    note, *shots = hint.note.split("\n\nQuestion: ")
+    assert note.startswith("Word problems: write the arithmetic expression")
     assert len(shots) == 4
     for shot in shots:
-        plan = parse_plan(shot.split("\n", 1)[1], POOL)  # the format the conductor writes
-        assert [s.worker for s in plan.steps] == ["calculator"]
-    assert "(8 + 4) * 9" in shots[3] and "tulips" in shots[3]
-    assert set(BUILTIN_HINTS) == {"word-problems", "one-operation"}
+        assert [s.worker for s in parse_plan(shot.split("\n", 1)[1], POOL).steps] == [
+            "calculator"
+        ]
 
 
 def test_each_rotation_ends_with_its_own_example_and_keeps_them_all():
     """Sample k reads rotation k: every example comes last once, none is dropped, the note
-    stays first, and the file's order is the last rotation (what load_hint returns)."""
-    rotations = hint_rotations("word-problems", POOL)
-    assert len(rotations) == 4
-    in_file = load_hint("word-problems", POOL).split("\n\nQuestion: ")
-    assert rotations[-1] == "\n\nQuestion: ".join(in_file)
-    for k, text in enumerate(rotations):
-        note, *shots = text.split("\n\nQuestion: ")
-        assert note == in_file[0]
-        assert sorted(shots) == sorted(in_file[1:])
-        assert shots[-1] == in_file[1 + k]
+    stays first, and the file's order is the last rotation (what load_hint returns); in
+    either style."""
+    turns = hint_rotations("word-problems", POOL)
+    assert len(turns) == 4
+    in_file = load_hint("word-problems", POOL).shots
+    assert turns[-1].shots == in_file
+    for k, hint in enumerate(turns):
+        assert sorted(s.question for s in hint.shots) == sorted(s.question for s in in_file)
+        assert hint.shots[-1] == in_file[k]
+    text = hint_rotations("one-operation", POOL)
+    in_text = load_hint("one-operation", POOL).note.split("\n\nQuestion: ")
+    assert text[-1].note == "\n\nQuestion: ".join(in_text)
+    for k, hint in enumerate(text):
+        note, *shots = hint.note.split("\n\nQuestion: ")
+        assert note == in_text[0]
+        assert sorted(shots) == sorted(in_text[1:])
+        assert shots[-1] == in_text[1 + k]
 
 
 def test_a_built_in_hint_fits_a_pool_that_renames_its_calculator():
@@ -67,10 +84,8 @@ def test_a_built_in_hint_fits_a_pool_that_renames_its_calculator():
             ]
         }
     )
-    text = load_hint("word-problems", renamed)
-    for shot in text.split("\n\nQuestion: ")[1:]:
-        plan = parse_plan(shot.split("\n", 1)[1], renamed)
-        assert [s.worker for s in plan.steps] == ["calc"]
+    for shot in load_hint("word-problems", renamed).shots:
+        assert [s.worker for s in parse_plan(shot.plan, renamed).steps] == ["calc"]
     calc = next(w for w in renamed.workers if w.name == "calc")
     twice = renamed.model_copy(
         update={"workers": [*renamed.workers, calc.model_copy(update={"name": "c2"})]}
@@ -92,7 +107,7 @@ def test_a_hint_may_hold_a_chain_of_steps(tmp_path):
             }
         ]
     }
-    text = load_hint(_file(tmp_path, doc), POOL)
+    text = load_hint(_file(tmp_path, doc), POOL).note
     plan = parse_plan(text.split("\n", 1)[1], POOL)
     assert [(s.worker, s.access) for s in plan.steps] == [("smol", ()), ("python", (0,))]
 
@@ -122,6 +137,13 @@ def test_a_hint_may_hold_a_chain_of_steps(tmp_path):
             },
             "x: Extra inputs are not permitted",
         ),
+        (
+            {
+                "style": "chat",
+                "examples": [{"question": "q", "steps": [{"worker": "smol", "subtask": "x"}]}],
+            },
+            "style: Input should be 'instructions' or 'turns'",
+        ),
         ("examples: [unclosed", "cannot read hint file"),
     ],
 )
@@ -150,6 +172,23 @@ def test_the_hint_goes_after_the_instructions_of_either_prompt_style():
         hinted = conductor_messages("Q?", pool.with_conductor_hint("  HINT  "))
         assert hinted[0]["content"] == plain[0]["content"] + "\n\nHINT"
         assert hinted[1:] == plain[1:]
+
+
+def test_worked_examples_as_turns_come_between_the_instructions_and_the_question():
+    """``style: turns``: each example is a user turn (its question) and an assistant turn
+    (its plan, as the conductor writes it) before the question; the instructions are the
+    plain ones, so a conductor trained on them reads what it was trained on."""
+    pool = POOL.model_copy(
+        update={"conductor": POOL.conductor.model_copy(update={"prompt": "compact"})}
+    )
+    hint = load_hint("word-problems", pool)
+    plain = conductor_messages("Q?", pool)
+    hinted = conductor_messages("Q?", pool.with_conductor_hint(hint))
+    assert hinted[0] == plain[0] and hinted[-1] == plain[-1]
+    middle = hinted[1:-1]
+    assert [m["role"] for m in middle] == ["user", "assistant"] * 4
+    assert middle[0]["content"] == f"Question: {hint.shots[0].question}"
+    assert parse_plan(middle[-1]["content"], pool).steps[0].instruction == "(8 + 4) * 9"
 
 
 def _sampled(monkeypatch, **stage) -> list:
