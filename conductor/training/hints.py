@@ -24,10 +24,10 @@ calculator ``calc`` the step goes to ``calc``, so the built-in hints fit renamed
 ``style: instructions`` (the default) writes the examples after the note at the end of the
 conductor's instructions; ``style: turns`` gives them as earlier turns of the conversation
 (the question as a user turn, the plan as an assistant turn) and leaves the instructions as
-they are but for the note. A conductor trained on the compact prompt keeps its format with
-turns, where examples in its instructions can break it (issue #40: a curriculum round's
-adapter wrote ``subtasks = [[]]`` for every two-operation problem with the examples as
-instructions).
+they are but for the note. Turns break a trained conductor's format less often than examples in
+its instructions do (issue #40: a curriculum round's adapter wrote ``subtasks = [[]]`` for
+every two-operation problem with the examples as instructions), though an adapter trained on
+few plans can still lose it (docs/benchmarks.md, the shipped recipe).
 """
 
 from __future__ import annotations
