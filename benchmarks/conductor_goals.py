@@ -24,8 +24,9 @@ then reads every eval's per-question rows back from the Parquet runs table (by `
 --recipe NAME|FILE --set … --no-promote --json`` (a built-in such as ``shipped``, the recipe
 of the embedded conductor, or a file), timed as one command, and then measures the conductor
 that training registered instead of ``--conductor``. ``--train-result`` reads the ``--json``
-output of a training run earlier instead (``--train-wall-s``: the command's wall time as the
-shell timed it; run in that training's home). Either gives issue #40's rows: the shipped
+output of a training run earlier instead and measures the conductor it registered unless
+``--conductor`` names another (``--train-wall-s``: the command's wall time as the shell timed
+it; run in that training's home). Either gives issue #40's rows: the shipped
 conductor's quality (mixed and arithmetic >= 85 %, word problems >= 60 % on both), the
 command's wall time against ``--train-goal-min`` (120: the shipped recipe's goal), the
 ledger's total worker calls, tokens and cost, and, when the training's runs are in this home,
@@ -226,7 +227,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=200, help="mixed test questions (first N)")
     ap.add_argument("--arith-limit", type=int, default=200, help="arithmetic test questions")
-    ap.add_argument("--conductor", default="champion", help="conductor ref (dir, models:/…)")
+    ap.add_argument(
+        "--conductor",
+        help="conductor ref (dir, models:/…); default: the one --train-result registered, "
+        "else the champion (--recipe measures the one it trains)",
+    )
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", nargs="+", default=list(WORKERS))
@@ -259,10 +264,12 @@ def main() -> int:
             train["steps_worker_calls"] = calls
         if args.train_wall_s is not None:
             train["command_wall_s"] = args.train_wall_s
+        args.conductor = args.conductor or train["adapter_uri"]
     if args.recipe:
         train = run_training(args.recipe, args.sets, ("--no-promote",))
         train["steps_worker_calls"] = steps_worker_calls(train["run_id"])
         args.conductor = train["adapter_uri"]
+    args.conductor = args.conductor or "champion"
     mixed = measure("mixed", args.limit, args)
     arith = measure("arithmetic", args.arith_limit, args)
     result = {
