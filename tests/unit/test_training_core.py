@@ -248,6 +248,37 @@ def test_warm_start_repeats_small_worker_sets_under_the_limit_too():
     assert len(warm_start_examples(frames, POOL)) == 11
 
 
+def test_warm_start_draw_gives_each_data_set_an_equal_share():
+    # The shipped recipe's store: bare expressions collected on `mixed`, then many more word
+    # problems of the `words` curriculum, both planned for the calculator. Balanced over
+    # worker sets alone, a 12-row draw holds 6 calculator plans, of which the expressions
+    # are a few; by data set first, `mixed` keeps half of the draw (its two worker sets 3
+    # each) and `words` the other half.
+    mixed = [("mixed", f"What is {i} + 1?", "calculator") for i in range(6)] + [
+        ("mixed", f"Capital {i}?", "smol") for i in range(6)
+    ]
+    words = [
+        ("words", f"Ann has {i} apples and buys 3. How many?", "calculator") for i in range(30)
+    ]
+    frames = pd.concat(
+        [
+            _runs(question=q, workflow_json=_plan((w, q)), tags=[("dataset", d)])
+            for d, q, w in mixed + words
+        ],
+        ignore_index=True,
+    )
+    for seed in range(3):
+        rows = warm_start_examples(frames, POOL, limit=12, seed=seed)
+        questions = [r["prompt"][-1]["content"] for r in rows]
+        assert sum("apples" in q for q in questions) == 6
+        assert sum("+ 1?" in q for q in questions) == 3
+        assert sum("Capital" in q for q in questions) == 3
+    # Without the tag (one data set) the draw is balanced over worker sets only: as before.
+    plain = frames.assign(tags=[[("strategy", "single:x")]] * len(frames))
+    rows = warm_start_examples(plain, POOL, limit=12, seed=0)
+    assert _workers(rows).count("smol") == 6 and _workers(rows).count("calculator") == 6
+
+
 def test_warm_start_keeps_the_shortest_verified_plan_of_a_question():
     chain = _plan(("smol", "Work out 17 + 25 step by step."), ("calculator", "17 + 25"))
     frames = pd.concat(
