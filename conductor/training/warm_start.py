@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import pandas as pd
@@ -76,20 +77,22 @@ def _balanced_draw(
     to the chat model. Each data set has an equal share, its worker sets balanced within it; a
     store of one data set is drawn exactly as before.
     """
-    rng = random.Random(seed)
+    rng, once = random.Random(seed), set(once)
     by_dataset: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_dataset.setdefault(row.get("dataset", ""), []).append(row)
-    streams = [_worker_draw(by_dataset[d], rng, set(once)) for d in sorted(by_dataset)]
-    drawn: list[dict[str, Any]] = []
-    while len(drawn) < limit and streams:
-        for stream in list(streams):
-            row = next(stream, None)
-            if row is None:
-                streams.remove(stream)
-            elif len(drawn) < limit:
-                drawn.append(row)
-    return drawn
+    streams = [_worker_draw(by_dataset[d], rng, once) for d in sorted(by_dataset)]
+
+    def round_robin() -> Iterator[dict[str, Any]]:
+        while streams:
+            for stream in list(streams):
+                row = next(stream, None)
+                if row is None:
+                    streams.remove(stream)
+                else:
+                    yield row
+
+    return list(islice(round_robin(), limit))
 
 
 def _worker_draw(
