@@ -303,21 +303,11 @@ class Training:
             )  # fmt: skip
 
         if stage.guide is None:  # every sampled plan runs
-            requests = [
-                sample(
-                    ex,
-                    k,
-                    conductor=str(self.current) if self.current else None,
-                    conductor_temperature=stage.temperature,
-                    conductor_hint=hints[k % len(hints)] if hints else None,
-                )  # fmt: skip
-                for ex in questions
-                for k in range(stage.num_generations)
-            ]
+            outcomes = self._sample_until(stage, questions, hints, sample)
             sampled = None
         else:
             requests, sampled = self._guided(stage, questions, hints, sample)
-        outcomes = [_outcome(r) for r in self._run(requests)]
+            outcomes = [_outcome(r) for r in self._run(requests)]
         self.used.update(e.id for e in questions)
         right = sum(bool(o and o.correct) for o in outcomes)
         _logger().info("%s: %d of %d plans right", stage.name, right, len(outcomes))
@@ -331,6 +321,47 @@ class Training:
                 "right": right,
             }
         )
+
+    def _sample_until(
+        self,
+        stage: SelfSampleStage,
+        questions: list[Example],
+        hints: list[ConductorHint] | None,
+        sample,
+    ) -> list[RolloutOutcome | None]:
+        """Every sampled plan runs, ``num_generations`` per question; with ``min_right``,
+        batches of ``num_generations`` more for the questions still without a right plan,
+        until the stage has that many right plans or each question ``max_generations``
+        (rare right plans cost time, not the round's chance; sample ``k`` is seeded
+        ``seed + k`` whatever its batch)."""
+        outcomes: list[RolloutOutcome | None] = []
+        pending, first = questions, 0
+        while pending:
+            last = min(first + stage.num_generations, stage.generation_cap)
+            jobs = [(ex, k) for ex in pending for k in range(first, last)]
+            requests = [
+                sample(
+                    ex,
+                    k,
+                    conductor=str(self.current) if self.current else None,
+                    conductor_temperature=stage.temperature,
+                    conductor_hint=hints[k % len(hints)] if hints else None,
+                )  # fmt: skip
+                for ex, k in jobs
+            ]
+            batch = [_outcome(r) for r in self._run(requests)]
+            outcomes += batch
+            right = sum(bool(o and o.correct) for o in outcomes)
+            if stage.min_right is None or right >= stage.min_right or last >= stage.generation_cap:
+                break
+            solved = {ex.id for (ex, _), o in zip(jobs, batch, strict=True) if o and o.correct}
+            pending, first = [ex for ex in pending if ex.id not in solved], last
+            _logger().info(
+                "%s: %d of %d plans right, below %d: %d more for each of %d questions",
+                stage.name, right, len(outcomes), stage.min_right,
+                min(stage.num_generations, stage.generation_cap - first), len(pending),
+            )  # fmt: skip
+        return outcomes
 
     def _guided(
         self,

@@ -192,7 +192,38 @@ class SelfSampleStage(_Stage):
         description="OrchRM-guided: run only OrchRM's top plans per question (None: every "
         "sampled plan runs).",
     )
+    min_right: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sample again (num_generations more plans for each question without a "
+        "right plan yet) until the stage has this many right plans, or max_generations.",
+    )
+    max_generations: int | None = Field(
+        default=None,
+        ge=1,
+        description="With min_right: plans per question at most (default 4 x num_generations).",
+    )
     sft: SftSettings = Field(default_factory=SftSettings)
+
+    @model_validator(mode="after")
+    def _until(self) -> SelfSampleStage:
+        if self.max_generations is not None and self.min_right is None:
+            raise ValueError("max_generations needs min_right (sampling until enough are right)")
+        if self.min_right is not None and self.guide is not None:
+            raise ValueError("min_right samples every plan it runs; it does not take a guide")
+        if self.max_generations is not None and self.max_generations < self.num_generations:
+            raise ValueError(
+                f"max_generations ({self.max_generations}) must be at least num_generations "
+                f"({self.num_generations})"
+            )
+        return self
+
+    @property
+    def generation_cap(self) -> int:
+        """Plans per question at most."""
+        if self.min_right is None:
+            return self.num_generations
+        return self.max_generations or 4 * self.num_generations
 
 
 class GrpoStage(_Stage):

@@ -191,22 +191,40 @@ def test_worked_examples_as_turns_come_between_the_instructions_and_the_question
     assert parse_plan(middle[-1]["content"], pool).steps[0].instruction == "(8 + 4) * 9"
 
 
-def _sampled(monkeypatch, **stage) -> list:
-    """The requests one self-sampling stage sends (2 mixed training questions), unrun."""
+def _sampled(monkeypatch, right=None, limit: int = 2, report: list | None = None, **stage) -> list:
+    """The requests one self-sampling stage sends (``limit`` mixed training questions),
+    unrun; with ``right(request)``, each is answered by a completed run, right or wrong as
+    it says."""
     import prefect_conductor.flows._stages as tc
+    from prefect_conductor.conductor.plan.requests import RunResult
     from prefect_conductor.conductor.training.config import StageReport
     from prefect_conductor.conductor.training.recipe import recipe_from_dict
 
+    def result(request, correct: bool) -> RunResult:
+        return RunResult(
+            run_id=f"{request.question_id}-{request.seed}", status="completed", answer="1",
+            workflow=[], input_tokens=0, output_tokens=0, cost_usd=None, wall_s=0.0,
+            artifacts="", format_valid=True, correct=correct, reward=1.0 if correct else 0.5,
+        )  # fmt: skip
+
+    def run_all(requests, *a):
+        sent.extend(requests)
+        return [] if right is None else [result(r, right(r)) for r in requests]
+
     sent: list = []
-    monkeypatch.setattr(tc, "_run_all", lambda requests, *a: sent.extend(requests) or [])
+    monkeypatch.setattr(tc, "_run_all", run_all)
     recipe = recipe_from_dict(
         {"dataset": "mixed", "seed": 5,
-         "stages": [{"kind": "self-sample", "name": "round", "questions": {"limit": 2}, **stage}]}
+         "stages": [
+             {"kind": "self-sample", "name": "round", "questions": {"limit": limit}, **stage}
+         ]}
     )  # fmt: skip
     training = tc.Training(TrainConductorRequest(recipe=recipe), "run1", POOL)
     training.current = Path("/adapters/warm-start")
     monkeypatch.setattr(training, "sft", lambda *a, **k: StageReport(stage="round", kind="sft"))
-    training.self_sample(recipe.stage("round"))
+    done = training.self_sample(recipe.stage("round"))
+    if report is not None:
+        report.append(done)
     return sent
 
 
@@ -228,3 +246,56 @@ def test_self_sampling_samples_at_its_stages_temperature_with_distinct_seeds(mon
     assert {r.conductor_temperature for r in sent} == {0.5}
     assert sorted({r.seed for r in sent}) == [5, 6, 7]
     assert {r.tags["train_stage"] for r in sent} == {"round"}
+
+
+def test_min_right_samples_again_only_the_questions_without_a_right_plan(monkeypatch):
+    """``min_right``: after each batch of ``num_generations`` plans a question, another
+    batch for the questions with no right plan yet, seeds going on (sample k: seed + k),
+    until enough plans are right or ``max_generations``."""
+    # The first question is right from its third sample on; the others never.
+    first = _sampled(monkeypatch, limit=3, num_generations=2)[0].question_id
+    report: list = []
+    sent = _sampled(
+        monkeypatch,
+        right=lambda r: r.question_id == first and r.seed >= 7,
+        limit=3,
+        report=report,
+        num_generations=2,
+        min_right=5,
+        max_generations=6,
+    )
+    by_question: dict[str, list[int]] = {}
+    for r in sent:
+        by_question.setdefault(r.question_id, []).append(r.seed)
+    assert len(by_question) == 3
+    assert by_question[first] == [5, 6, 7, 8]  # right at seed 7: not sampled again
+    others = [seeds for q, seeds in by_question.items() if q != first]
+    assert others == [[5, 6, 7, 8, 9, 10]] * 2  # never right: up to max_generations
+    assert (report[0].rollouts, report[0].right) == (16, 2)
+    # Enough right after the first batch: nothing more is sampled.
+    enough = _sampled(monkeypatch, right=lambda r: True, limit=3, num_generations=2, min_right=5)
+    assert len(enough) == 6
+    # Without min_right, one batch whatever the outcome.
+    once = _sampled(monkeypatch, right=lambda r: False, limit=3, num_generations=2)
+    assert len(once) == 6
+
+
+def test_min_right_defaults_to_four_batches_and_its_fields_are_checked():
+    from prefect_conductor.conductor.training.recipe import recipe_from_dict
+
+    def stage(**fields):
+        recipe = recipe_from_dict(
+            {"dataset": "mixed", "stages": [{"kind": "self-sample", "name": "s", **fields}]}
+        )
+        return recipe.stage("s")
+
+    assert stage(num_generations=3).generation_cap == 3
+    assert stage(num_generations=3, min_right=10).generation_cap == 12
+    assert stage(num_generations=3, min_right=10, max_generations=5).generation_cap == 5
+    for bad, words in (
+        ({"max_generations": 8}, "max_generations needs min_right"),
+        ({"min_right": 4, "max_generations": 2}, "must be at least num_generations"),
+        ({"min_right": 4, "guide": {}}, "does not take a guide"),
+    ):
+        with pytest.raises(Exception, match=words):
+            stage(num_generations=4, **bad)
