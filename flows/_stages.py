@@ -335,7 +335,8 @@ class Training:
         (rare right plans cost time, not the round's chance; sample ``k`` is seeded
         ``seed + k`` whatever its batch)."""
         outcomes: list[RolloutOutcome | None] = []
-        pending, first = questions, 0
+        pending, first, right = questions, 0, 0
+        conductor = str(self.current) if self.current else None
         while pending:
             last = min(first + stage.num_generations, stage.generation_cap)
             jobs = [(ex, k) for ex in pending for k in range(first, last)]
@@ -343,7 +344,7 @@ class Training:
                 sample(
                     ex,
                     k,
-                    conductor=str(self.current) if self.current else None,
+                    conductor=conductor,
                     conductor_temperature=stage.temperature,
                     conductor_hint=hints[k % len(hints)] if hints else None,
                 )  # fmt: skip
@@ -351,8 +352,8 @@ class Training:
             ]
             batch = [_outcome(r) for r in self._run(requests)]
             outcomes += batch
-            right = sum(bool(o and o.correct) for o in outcomes)
-            if stage.min_right is None or right >= stage.min_right or last >= stage.generation_cap:
+            right += sum(bool(o and o.correct) for o in batch)
+            if last >= stage.generation_cap or right >= stage.min_right:  # cap: no min_right
                 break
             solved = {ex.id for (ex, _), o in zip(jobs, batch, strict=True) if o and o.correct}
             pending, first = [ex for ex in pending if ex.id not in solved], last
